@@ -1,0 +1,1 @@
+"""Headless subcommands of ``svconsole``; each module has ``register(subparsers)``."""
