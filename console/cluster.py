@@ -267,7 +267,9 @@ def _matching(pattern: re.Pattern[str], what: str) -> Callable[[Any], str]:
     return check
 
 
-_node_name = _matching(_NODE_NAME, "letters, digits, '.', '_' or '-' (starting with a letter or digit)")
+_node_name = _matching(
+    _NODE_NAME, "letters, digits, '.', '_' or '-' (starting with a letter or digit)"
+)
 _host = _matching(_HOST, "a host name or IP address")
 _user = _matching(_USER, "a user name")
 
@@ -285,7 +287,12 @@ def _positive_int(value: Any) -> int:
 
 
 def _seconds(value: Any) -> float:
-    if not isinstance(value, (int, float)) or _is_bool(value) or not math.isfinite(value) or value <= 0:
+    if (
+        not isinstance(value, (int, float))
+        or _is_bool(value)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise _Invalid(f"must be a number of seconds above 0, got {_describe(value)}")
     return float(value)
 
@@ -470,7 +477,9 @@ class _Checker:
 
     def fail(self) -> ClusterConfigError:
         big = 1 << 62
-        self.issues.sort(key=lambda i: (big if i.line is None else i.line, big if i.col is None else i.col))
+        self.issues.sort(
+            key=lambda i: (big if i.line is None else i.line, big if i.col is None else i.col)
+        )
         return ClusterConfigError(self.issues)
 
     def fields(self, value: Any, path: str, pos: Pos, spec: Mapping[str, _Field]) -> dict[str, Any]:
@@ -487,7 +496,11 @@ class _Checker:
             raw = value.get(name)
             if raw is None:
                 if f.required:
-                    where = _key_pos(value, name) if name in value else (_own_pos(value) if value else pos)
+                    where = (
+                        _key_pos(value, name)
+                        if name in value
+                        else (_own_pos(value) if value else pos)
+                    )
                     self.add(where, prefix + name, "required")
                 continue
             try:
@@ -538,14 +551,22 @@ def _check_document(doc: Any, source: str, path: Path | None) -> Cluster:
     if master is not None and master not in names and names:
         close = difflib.get_close_matches(master, names, n=1)
         hint = f"did you mean {close[0]}?" if close else f"nodes: {', '.join(names)}"
-        c.add(_value_pos(doc["cluster"], "master"), "cluster.master", f"{master!r} is not a node ({hint})")
+        c.add(
+            _value_pos(doc["cluster"], "master"),
+            "cluster.master",
+            f"{master!r} is not a node ({hint})",
+        )
     if c.issues:
         raise c.fail()
     if master is None:
         master = next((n.name for n in nodes if n.role == "head"), nodes[0].name)
     conf.setdefault("name", _default_name(path))
     return Cluster(
-        nodes=tuple(nodes), master=master, ssh=ssh, path=path, **{k: v for k, v in conf.items() if k != "master"}
+        nodes=tuple(nodes),
+        master=master,
+        ssh=ssh,
+        path=path,
+        **{k: v for k, v in conf.items() if k != "master"},
     )
 
 
@@ -573,12 +594,20 @@ def _check_nodes(c: _Checker, doc: Mapping[str, Any], ssh: SSHSettings) -> list[
         v = c.fields(item, path, pos, _NODE_FIELDS)
         local = v.get("local", False)
         if "host" not in v and not local and item.get("host") is None:
-            c.add(_key_pos(item, "host") if "host" in item else _own_pos(item), f"{path}.host", "required")
+            c.add(
+                _key_pos(item, "host") if "host" in item else _own_pos(item),
+                f"{path}.host",
+                "required",
+            )
         name = v.get("name")
         if name is not None:
             if name in seen_names:
                 j = seen_names[name]
-                c.add(_value_pos(item, "name"), f"{path}.name", f"duplicate node name {name!r} (also nodes[{j}])")
+                c.add(
+                    _value_pos(item, "name"),
+                    f"{path}.name",
+                    f"duplicate node name {name!r} (also nodes[{j}])",
+                )
             else:
                 seen_names[name] = i
         port = v.get("port", ssh.port)
@@ -586,12 +615,20 @@ def _check_nodes(c: _Checker, doc: Mapping[str, Any], ssh: SSHSettings) -> list[
             address = (v["host"].lower(), port)
             if address in seen_addresses:
                 j = seen_addresses[address]
-                c.add(_value_pos(item, "host"), f"{path}.host", f"{v['host']}:{port} is already nodes[{j}]")
+                c.add(
+                    _value_pos(item, "host"),
+                    f"{path}.host",
+                    f"{v['host']}:{port} is already nodes[{j}]",
+                )
             else:
                 seen_addresses[address] = i
         if v.get("role") == "head":
             if head is not None:
-                c.add(_value_pos(item, "role"), f"{path}.role", f"only one node can be the head (nodes[{head}] is)")
+                c.add(
+                    _value_pos(item, "role"),
+                    f"{path}.role",
+                    f"only one node can be the head (nodes[{head}] is)",
+                )
             else:
                 head = i
         if len(c.issues) == count:
@@ -724,21 +761,41 @@ def import_hostfile(text: str, source: str = "hostfile") -> list[tuple[str, int]
         col = len(line) - len(line.lstrip()) + 1
         m = _HOSTFILE_LINE.fullmatch(stripped)
         if m is None:
-            issues.append(ConfigIssue(source, number, col, "", f'expected "HOST slots=N", got {_describe(stripped)}'))
+            issues.append(
+                ConfigIssue(
+                    source, number, col, "", f'expected "HOST slots=N", got {_describe(stripped)}'
+                )
+            )
             continue
         host, digits = m.group(1), m.group(2)
         slots = int(digits) if len(digits) <= 6 else 0
         if not _HOST.fullmatch(host):
-            issues.append(ConfigIssue(source, number, col, "", f"not a host name: {_describe(host)}"))
+            issues.append(
+                ConfigIssue(source, number, col, "", f"not a host name: {_describe(host)}")
+            )
         elif host in first_line:
-            issues.append(ConfigIssue(source, number, col, "", f"{host} is already on line {first_line[host]}"))
+            issues.append(
+                ConfigIssue(
+                    source, number, col, "", f"{host} is already on line {first_line[host]}"
+                )
+            )
         elif slots < 1:
-            issues.append(ConfigIssue(source, number, col + m.start(2), "", "slots must be a number of GPUs from 1 to 999999"))
+            issues.append(
+                ConfigIssue(
+                    source,
+                    number,
+                    col + m.start(2),
+                    "",
+                    "slots must be a number of GPUs from 1 to 999999",
+                )
+            )
         else:
             first_line[host] = number
             entries.append((host, slots))
     if not entries and not issues:
-        issues.append(ConfigIssue(source, None, None, "", 'no hosts (expected lines "HOST slots=N")'))
+        issues.append(
+            ConfigIssue(source, None, None, "", 'no hosts (expected lines "HOST slots=N")')
+        )
     if issues:
         raise ClusterConfigError(issues)
     return entries
@@ -826,7 +883,17 @@ _PLAIN = re.compile(r"[A-Za-z_/~][A-Za-z0-9_./~-]*")
 
 def _scalar(text: str) -> str:
     """``text`` as a YAML scalar: plain when that is unambiguous, else double-quoted."""
-    if _PLAIN.fullmatch(text) and text.lower() not in {"true", "false", "yes", "no", "on", "off", "null", "y", "n"}:
+    if _PLAIN.fullmatch(text) and text.lower() not in {
+        "true",
+        "false",
+        "yes",
+        "no",
+        "on",
+        "off",
+        "null",
+        "y",
+        "n",
+    }:
         return text
     return json.dumps(text)
 
@@ -843,8 +910,12 @@ def export_hostfile(cluster: Cluster, gpus_per_node: Mapping[str, int] | None = 
         elif node.gpus is not None:
             slots = len(node.gpus)
         else:
-            raise ValueError(f"node {node.name}: number of GPUs unknown (set gpus in cluster.yaml or give a count)")
-        lines.append(f"{node.host} slots={slots}" if slots > 0 else f"# {node.host}: no GPUs ({node.name})")
+            raise ValueError(
+                f"node {node.name}: number of GPUs unknown (set gpus in cluster.yaml or give a count)"
+            )
+        lines.append(
+            f"{node.host} slots={slots}" if slots > 0 else f"# {node.host}: no GPUs ({node.name})"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -891,7 +962,11 @@ class ClusterEditor:
         raise KeyError(f"no node named {name!r}")
 
     def node_names(self) -> list[str]:
-        return [str(item["name"]) for item in self._nodes() if isinstance(item, Mapping) and "name" in item]
+        return [
+            str(item["name"])
+            for item in self._nodes()
+            if isinstance(item, Mapping) and "name" in item
+        ]
 
     def node_entry(self, name: str) -> Mapping[str, Any]:
         """The node's mapping as written (read-only use)."""
@@ -949,7 +1024,11 @@ class ClusterEditor:
             mapping[key] = value
 
     def merge_hostfile(
-        self, entries: Iterable[tuple[str, int]], *, user: str | None = None, port: int | None = None
+        self,
+        entries: Iterable[tuple[str, int]],
+        *,
+        user: str | None = None,
+        port: int | None = None,
     ) -> tuple[list[str], list[str]]:
         """Add the hostfile's hosts as nodes; a host already in the file gets its ``gpus`` set to
         the slot count instead. Returns the names (added, updated)."""
@@ -1010,8 +1089,10 @@ def _guess_indent(text: str) -> tuple[int, int, int]:
     """The file's indentation as ruamel's (mapping, sequence, offset); the example's style
     (2, 4, 2) where the file does not show it."""
     mapping = 0
-    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    for line, after in zip(lines, lines[1:]):
+    lines = [
+        line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")
+    ]
+    for line, after in zip(lines, lines[1:], strict=False):
         m = _KEY_LINE.fullmatch(line)
         inner = len(after) - len(after.lstrip(" "))
         if m and not after.lstrip().startswith("-") and inner > len(m.group(1)):
