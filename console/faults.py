@@ -448,7 +448,7 @@ def low_gpu_util(timestamps: Sequence[float], util: Sequence[float], *, threshol
     at least ``min_fraction`` of the samples are below ``threshold`` over at least
     ``min_seconds``. Pass the samples taken while training ran (idle time before the run
     would count as low). ``None`` when there are no samples."""
-    pairs = [(t, u) for t, u in zip(timestamps, util)
+    pairs = [(t, u) for t, u in zip(timestamps, util, strict=True)
              if u is not None and math.isfinite(u) and t is not None]
     if not pairs:
         return None
