@@ -1,0 +1,1047 @@
+"""The one SSH session pool that every part of svconsole shares.
+
+Each node gets one persistent SSH connection for the whole process, opened lazily under that
+node's lock and reused for every command as a new channel on its transport. Connections are built
+as ``fabric.Connection`` objects (user, port, identity file, jump host as a shared gateway), with
+svconsole's own host-key policy (:mod:`console.hostkeys`) instead of fabric's AutoAddPolicy.
+Commands run on channels the pool drives itself (``Connection.run`` keeps all output in memory).
+
+Nothing here raises for a remote or connection failure: :meth:`Pool.run` returns a
+:class:`Result` whose ``error`` says what went wrong, a :class:`Stream` ends with ``error`` set.
+Every network step has a deadline (connect, banner, auth, channel open, reads) and no pool-wide
+lock is held during network I/O, so a hung node never blocks the others.
+
+Local nodes (``Node.local``) run the same API through ``bash -c`` subprocesses.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from types import TracebackType
+
+import fabric
+import paramiko
+
+from console.cluster import Cluster, Node
+from console.hostkeys import AcceptedKey, HostKeyUnknown, KnownHosts, changed_reason
+
+log = logging.getLogger(__name__)
+
+READ_SIZE = 65536
+MAX_LINE = 1 << 20
+"""A streamed line longer than this (bytes) is cut there; the rest up to the newline is dropped."""
+MAX_RESULT = 16 << 20
+"""``Result.stdout``/``stderr`` keep at most this many bytes each (the rest is counted, not kept)."""
+POLL = 0.5
+"""Longest single wait in a read loop: bounds how late a deadline or a cancel is noticed."""
+REDACTED = "********"
+
+
+class NodeState(str, Enum):
+    """Connection state of a node, as subscribers see it."""
+
+    UNKNOWN = "unknown"
+    CONNECTING = "connecting"
+    UP = "up"
+    DOWN = "down"
+    AUTH_FAILED = "auth_failed"
+    HOSTKEY_UNKNOWN = "hostkey_unknown"
+    HOSTKEY_CHANGED = "hostkey_changed"
+
+    @property
+    def label(self) -> str:
+        """Words for operators: up, unreachable, auth failed, unknown host key, ..."""
+        return _LABELS[self]
+
+
+_LABELS = {
+    NodeState.UNKNOWN: "not checked",
+    NodeState.CONNECTING: "connecting",
+    NodeState.UP: "up",
+    NodeState.DOWN: "unreachable",
+    NodeState.AUTH_FAILED: "auth failed",
+    NodeState.HOSTKEY_UNKNOWN: "unknown host key",
+    NodeState.HOSTKEY_CHANGED: "host key changed",
+}
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """A node's connection state; ``since`` is when the state last changed, ``rtt`` in seconds."""
+
+    node: str
+    state: NodeState
+    reason: str = ""
+    since: float = field(default_factory=time.time)
+    rtt: float | None = None
+
+
+@dataclass
+class Result:
+    """Outcome of one command on one node. ``error`` is set when the command could not run to
+    its end (connection refused, auth failed, host key, timeout, ...); ``exit`` is its exit code."""
+
+    node: str
+    exit: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit == 0 and self.error is None
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of a streamed command's output (without its newline); ``fd`` is "out" or "err"."""
+
+    node: str
+    fd: str
+    text: str
+
+
+class RemoteError(Exception):
+    """Raised by :meth:`Pool.put` (the one call that raises) when the file could not be written."""
+
+
+class _Failure(Exception):
+    """Internal: the command could not start or finish; ``state`` for connection failures."""
+
+    def __init__(self, message: str, state: NodeState | None = None) -> None:
+        super().__init__(message)
+        self.state = state
+
+
+class _Timeout(_Failure):
+    pass
+
+
+def _remaining(deadline: float | None) -> float | None:
+    """Seconds left to ``deadline`` (a monotonic time); None means no deadline."""
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def _check(deadline: float | None, what: str) -> float | None:
+    left = _remaining(deadline)
+    if left is not None and left <= 0:
+        raise _Timeout(f"timed out {what}")
+    return left
+
+
+def _bounded(limit: float, deadline: float | None) -> float:
+    left = _remaining(deadline)
+    return limit if left is None else max(0.001, min(limit, left))
+
+
+# --------------------------------------------------------------------------- running processes
+
+
+class _Process:
+    """A started command, SSH channel or local subprocess: raw chunks out, stdin in."""
+
+    node: str
+
+    def chunks(self, deadline: float | None) -> Iterator[tuple[str, bytes]]:
+        """Yield ("out"|"err", data) until the command's output ends; raise _Timeout at deadline."""
+        raise NotImplementedError
+
+    def wait_exit(self, deadline: float | None) -> int | None:
+        raise NotImplementedError
+
+    def write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def close_stdin(self) -> None:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        """Stop the command now (any thread): close the channel / kill the process group."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release everything (idempotent)."""
+        raise NotImplementedError
+
+
+class _ChannelProcess(_Process):
+    def __init__(self, node: str, channel: paramiko.Channel, release: Callable[[], None]) -> None:
+        self.node = node
+        self.channel = channel
+        self._release: Callable[[], None] | None = release
+
+    def chunks(self, deadline: float | None) -> Iterator[tuple[str, bytes]]:
+        ch = self.channel
+        while True:
+            if ch.recv_ready():
+                yield "out", ch.recv(READ_SIZE)
+                continue
+            if ch.recv_stderr_ready():
+                yield "err", ch.recv_stderr(READ_SIZE)
+                continue
+            if ch.eof_received or ch.closed:
+                return
+            left = _check(deadline, "waiting for output")
+            wait = POLL if left is None else min(POLL, left)
+            try:
+                select.select([ch], [], [], wait)
+            except (OSError, ValueError):  # the channel was closed by cancel() meanwhile
+                return
+
+    def wait_exit(self, deadline: float | None) -> int | None:
+        ch = self.channel
+        while not ch.status_event.wait(_bounded(POLL, deadline)):
+            _check(deadline, "waiting for the exit status")
+        if ch.closed and ch.exit_status == -1:
+            return None  # closed without an exit status (killed by a signal, or cancelled)
+        return ch.exit_status
+
+    def write(self, data: bytes) -> None:
+        self.channel.sendall(data)
+
+    def close_stdin(self) -> None:
+        self.channel.shutdown_write()
+
+    def kill(self) -> None:
+        self.channel.close()
+
+    def close(self) -> None:
+        self.channel.close()
+        if self._release is not None:
+            self._release()
+            self._release = None
+
+
+class _LocalProcess(_Process):
+    def __init__(self, node: str, command: str) -> None:
+        self.node = node
+        self.proc = subprocess.Popen(
+            ["bash", "-c", command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+
+    def chunks(self, deadline: float | None) -> Iterator[tuple[str, bytes]]:
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        names = {self.proc.stdout.fileno(): "out", self.proc.stderr.fileno(): "err"}
+        open_fds = list(names)
+        while open_fds:
+            left = _check(deadline, "waiting for output")
+            ready, _, _ = select.select(open_fds, [], [], POLL if left is None else min(POLL, left))
+            for fd in ready:
+                data = os.read(fd, READ_SIZE)
+                if data:
+                    yield names[fd], data
+                else:
+                    open_fds.remove(fd)
+
+    def wait_exit(self, deadline: float | None) -> int | None:
+        try:
+            code = self.proc.wait(timeout=_remaining(deadline))
+        except subprocess.TimeoutExpired:
+            raise _Timeout("timed out waiting for the exit status") from None
+        return code if code >= 0 else None
+
+    def write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def close_stdin(self) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        self.kill()
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except BrokenPipeError:
+                    pass
+        self.proc.wait()
+
+
+class _LineSplitter:
+    """Splits a byte stream into text lines, keeping at most MAX_LINE bytes of a partial line."""
+
+    def __init__(self) -> None:
+        self.partial = bytearray()
+        self.skipping = False  # inside an over-long line whose head was already emitted
+
+    def feed(self, data: bytes) -> list[str]:
+        lines: list[str] = []
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            piece = data[start:] if end < 0 else data[start:end]
+            if not self.skipping:
+                self.partial += piece[: MAX_LINE - len(self.partial)]
+                if len(self.partial) >= MAX_LINE and end < 0:
+                    lines.append(self._take() + " [line cut at 1 MiB]")
+                    self.skipping = True
+            if end < 0:
+                return lines
+            if self.skipping:
+                self.skipping = False
+            else:
+                lines.append(self._take())
+            start = end + 1
+
+    def flush(self) -> list[str]:
+        return [self._take()] if self.partial and not self.skipping else []
+
+    def _take(self) -> str:
+        text = self.partial.decode("utf-8", errors="replace").removesuffix("\r")
+        self.partial.clear()
+        return text
+
+
+class Stream:
+    """A command whose output lines are yielded as they arrive.
+
+    Use it as an iterator (once) and, better, as a context manager. ``cancel()`` from any thread
+    closes the channel and ends the iteration. After the end, ``exit`` holds the exit code and
+    ``error`` what went wrong (None when the command ran to its end). Only a partial line is ever
+    buffered, so memory stays bounded whatever the output size.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        process: _Process | None,
+        *,
+        error: str | None = None,
+        deadline: float | None = None,
+        secret: Callable[[str], str] = str,
+    ) -> None:
+        self.node = node
+        self.exit: int | None = None
+        self.error = error
+        self._process = process
+        self._deadline = deadline
+        self._cancelled = threading.Event()
+        self._started = False
+        self._redact = secret
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def __iter__(self) -> Iterator[Line]:
+        if self._started:
+            raise RuntimeError("a Stream can be iterated only once")
+        self._started = True
+        process = self._process
+        if process is None:
+            return
+        splitters = {"out": _LineSplitter(), "err": _LineSplitter()}
+        try:
+            for fd, data in process.chunks(self._deadline):
+                if self.cancelled:
+                    break
+                for text in splitters[fd].feed(data):
+                    yield Line(self.node, fd, self._redact(text))
+            if not self.cancelled:
+                for fd, splitter in splitters.items():
+                    for text in splitter.flush():
+                        yield Line(self.node, fd, self._redact(text))
+                self.exit = process.wait_exit(self._deadline)
+        except _Failure as exc:
+            self.error = str(exc)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            self.error = f"connection lost: {exc or type(exc).__name__}"
+        finally:
+            if self.cancelled:
+                self.error = "cancelled"
+            process.close()
+
+    def cancel(self) -> None:
+        """Stop the command (from any thread); the iteration ends soon after."""
+        self._cancelled.set()
+        if self._process is not None:
+            self._process.kill()
+
+    def write(self, data: bytes | str) -> None:
+        """Send data to the command's stdin."""
+        if self._process is None:
+            raise RuntimeError(f"{self.node}: not running ({self.error})")
+        self._process.write(data.encode() if isinstance(data, str) else data)
+
+    def close_stdin(self) -> None:
+        """Send EOF on stdin (a long-lived agent should exit when it sees it)."""
+        if self._process is not None:
+            self._process.close_stdin()
+
+    def close(self) -> None:
+        """Stop the command if it still runs and release its channel."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.close()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- connections
+
+
+class _Connection(fabric.Connection):
+    """fabric's Connection, with a deadline on the gateway's direct-tcpip channel (fabric opens it
+    with paramiko's default of one hour) and no implicit opening of the gateway (the pool opens
+    the one shared gateway connection itself, under its lock)."""
+
+    def open_gateway(self) -> paramiko.Channel:
+        gateway = self.gateway
+        if not isinstance(gateway, fabric.Connection) or not gateway.is_connected:
+            raise _Failure("jump host is not connected", NodeState.DOWN)
+        return gateway.transport.open_channel(
+            kind="direct-tcpip",
+            dest_addr=(self.host, int(self.port)),
+            src_addr=("", 0),
+            timeout=self.connect_timeout,
+        )
+
+
+@dataclass
+class _Peer:
+    """One SSH endpoint (a node, or an outside jump host) and its persistent connection."""
+
+    node: Node
+    user: str | None
+    identity_file: str | None
+    sessions: threading.BoundedSemaphore
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    conn: fabric.Connection | None = None
+    gateway: _Peer | None = None
+    count: int = 0
+    status: NodeStatus | None = None
+    failures: int = 0
+    next_retry: float = 0.0
+    probing: bool = False
+    sudo_mode: str | None = None  # "root", "nopass" or "password", learnt once
+
+    def transport(self) -> paramiko.Transport | None:
+        conn = self.conn
+        transport = conn.transport if conn is not None else None
+        return transport if transport is not None and transport.is_active() else None
+
+
+SUDO_PROBE = (
+    'if [ "$(id -u)" = 0 ]; then echo root; '
+    "elif sudo -n true 2>/dev/null; then echo nopass; else echo password; fi"
+)
+
+
+def _parse_jump(spec: str, default_port: int) -> tuple[str | None, str, int]:
+    """``[user@]host[:port]`` -> (user, host, port)."""
+    user, _, hostport = spec.rpartition("@")
+    host, port = hostport, default_port
+    if hostport.count(":") == 1:
+        host, _, text = hostport.partition(":")
+        port = int(text)
+    return (user or None), host, port
+
+
+class Pool:
+    """One persistent connection per node, commands as channels, health with backoff.
+
+    ``sudo_password`` is called when a ``sudo=True`` command needs a password; the value is kept
+    only for the time of the call, written to sudo's stdin, and replaced by ``********`` wherever
+    it would otherwise show (output, errors).
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        sudo_password: Callable[[], str | None] | None = None,
+        sessions_per_node: int = 8,
+    ) -> None:
+        self.cluster = cluster
+        ssh = cluster.ssh
+        self.known_hosts = KnownHosts(ssh.known_hosts, ssh.host_key_policy)
+        self._sudo_password = sudo_password
+        self._lock = threading.Lock()  # guards the subscriber list and executors only
+        self._subscribers: list[Callable[[NodeStatus], None]] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._health_thread: threading.Thread | None = None
+        self._health_stop = threading.Event()
+        self._closed = False
+        self._peers: dict[str, _Peer] = {}
+        for node in cluster.nodes:
+            self._peers[node.name] = self._make_peer(node, sessions_per_node)
+        gateway = self._jump_peer(sessions_per_node)
+        for peer in self._peers.values():
+            if gateway is not None and peer is not gateway and not peer.node.local:
+                peer.gateway = gateway
+
+    def _make_peer(self, node: Node, sessions: int) -> _Peer:
+        ssh = self.cluster.ssh
+        peer = _Peer(
+            node=node,
+            user=node.user or ssh.user,
+            identity_file=node.identity_file or ssh.identity_file,
+            sessions=threading.BoundedSemaphore(sessions),
+        )
+        peer.status = NodeStatus(node.name, NodeState.UP if node.local else NodeState.UNKNOWN)
+        return peer
+
+    def _jump_peer(self, sessions: int) -> _Peer | None:
+        """The one shared gateway: a cluster node when ``jump_host`` names one, else its own peer."""
+        spec = self.cluster.ssh.jump_host
+        if not spec:
+            return None
+        if spec in self._peers:
+            return self._peers[spec]
+        user, host, port = _parse_jump(spec, self.cluster.ssh.port)
+        for peer in self._peers.values():
+            if peer.node.host == host and self._port(peer.node) == port:
+                return peer
+        peer = self._make_peer(Node(name=spec, host=host, port=port, user=user), sessions)
+        self._peers[spec] = peer
+        return peer
+
+    def _port(self, node: Node) -> int:
+        return node.port if node.port is not None else self.cluster.ssh.port
+
+    # ----------------------------------------------------------------- status and subscribers
+
+    def status(self, node: str) -> NodeStatus:
+        status = self._peer(node).status
+        assert status is not None
+        return status
+
+    def statuses(self) -> dict[str, NodeStatus]:
+        return {name: self.status(name) for name in self.cluster.names()}
+
+    def subscribe(self, callback: Callable[[NodeStatus], None]) -> Callable[[], None]:
+        """Call ``callback(NodeStatus)`` (on a pool thread) on every status change; returns the
+        function that unsubscribes."""
+        with self._lock:
+            self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._subscribers:
+                    self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def connection_count(self, node: str) -> int:
+        """How many TCP connections the pool ever opened (tried) to ``node``."""
+        return self._peer(node).count
+
+    def _peer(self, node: str) -> _Peer:
+        try:
+            return self._peers[node]
+        except KeyError:
+            raise KeyError(f"no node named {node!r} in cluster {self.cluster.name}") from None
+
+    def _set_status(
+        self, peer: _Peer, state: NodeState, reason: str = "", rtt: float | None = None
+    ) -> None:
+        old = peer.status
+        if old is not None and old.state == state and old.reason == reason and rtt is None:
+            return
+        if old is not None and old.state == state:
+            new = replace(old, reason=reason, rtt=rtt if rtt is not None else old.rtt)
+        else:
+            new = NodeStatus(peer.node.name, state, reason, time.time(), rtt)
+        peer.status = new
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for callback in subscribers:
+            try:
+                callback(new)
+            except Exception:  # a subscriber's bug must not break the pool
+                log.exception("status subscriber %r failed", callback)
+
+    # ----------------------------------------------------------------- connecting
+
+    def _connect(self, peer: _Peer, deadline: float | None) -> paramiko.Transport:
+        """The peer's live transport, opening it if needed (under the peer's lock)."""
+        transport = peer.transport()
+        if transport is not None:
+            return transport
+        wait = _remaining(deadline)
+        if not peer.lock.acquire(timeout=-1 if wait is None else max(0.0, wait)):
+            raise _Timeout("timed out waiting for the connection to open", NodeState.CONNECTING)
+        try:
+            transport = peer.transport()
+            if transport is not None:
+                return transport
+            return self._open(peer, deadline)
+        finally:
+            peer.lock.release()
+
+    def _open(self, peer: _Peer, deadline: float | None) -> paramiko.Transport:
+        """Open a new connection to ``peer``; called with ``peer.lock`` held."""
+        node = peer.node
+        self._drop(peer)
+        gateway = None
+        if peer.gateway is not None:
+            try:
+                self._connect(peer.gateway, deadline)
+            except _Failure as exc:
+                raise _Failure(f"jump host {peer.gateway.node.name}: {exc}", NodeState.DOWN) from None
+            gateway = peer.gateway.conn
+        self._set_status(peer, NodeState.CONNECTING)
+        limit = _bounded(self.cluster.ssh.connect_timeout, deadline)
+        connect_kwargs: dict[str, object] = {
+            "banner_timeout": limit,
+            "auth_timeout": limit,
+            "channel_timeout": limit,
+            "allow_agent": bool(os.environ.get("SSH_AUTH_SOCK")),
+            "look_for_keys": peer.identity_file is None,
+        }
+        if peer.identity_file:
+            connect_kwargs["key_filename"] = os.path.expanduser(peer.identity_file)
+        conn = _Connection(
+            node.host,
+            user=peer.user,
+            port=self._port(node),
+            connect_timeout=limit,
+            connect_kwargs=connect_kwargs,
+            gateway=gateway,
+        )
+        accepted: list[AcceptedKey] = []
+        self.known_hosts.prepare(conn.client, node.host, self._port(node), accepted.append)
+        peer.count += 1
+        try:
+            conn.open()
+        except Exception as exc:
+            conn.client.close()  # fabric's close() skips a half-open client and leaks its socket
+            state, reason = _describe(exc, peer)
+            self._set_status(peer, state, reason)
+            raise _Failure(reason, state) from None
+        peer.conn = conn
+        transport = conn.transport
+        transport.set_keepalive(30)
+        self._set_status(peer, NodeState.UP, "; ".join(str(a) for a in accepted))
+        return transport
+
+    def _drop(self, peer: _Peer, only: fabric.Connection | None = None) -> None:
+        """Forget the peer's connection (closing it; with ``only``, just if it is still that one);
+        the next command reconnects."""
+        conn = peer.conn
+        if conn is None or (only is not None and conn is not only):
+            return
+        peer.conn = None
+        peer.sudo_mode = None
+        try:
+            conn.client.close()
+        except Exception as exc:  # closing a dead connection may complain; it is gone anyway
+            log.debug("closing %s: %s", peer.node.name, exc)
+
+    def fabric_connection(self, node: str) -> fabric.Connection:
+        """The node's open ``fabric.Connection`` (the pool's own, host keys checked), for code that
+        wants fabric's API (``put``, ``sudo``...). Raises ``RemoteError`` if it cannot connect."""
+        peer = self._peer(node)
+        if peer.node.local:
+            raise RemoteError(f"{node} is the local node: it has no SSH connection")
+        try:
+            self._connect(peer, time.monotonic() + self.cluster.ssh.connect_timeout)
+        except _Failure as exc:
+            raise RemoteError(f"{node}: {exc}") from None
+        assert peer.conn is not None
+        return peer.conn
+
+    # ----------------------------------------------------------------- starting commands
+
+    def _start(self, peer: _Peer, command: str, deadline: float | None) -> _Process:
+        if peer.node.local:
+            return _LocalProcess(peer.node.name, command)
+        if not peer.sessions.acquire(timeout=-1 if deadline is None else max(0.0, _remaining(deadline) or 0.0)):
+            raise _Timeout(f"timed out waiting for a free session on {peer.node.name}")
+        try:
+            channel = self._open_channel(peer, deadline)
+            channel.exec_command(command)
+        except BaseException:
+            peer.sessions.release()
+            raise
+        return _ChannelProcess(peer.node.name, channel, peer.sessions.release)
+
+    def _open_channel(self, peer: _Peer, deadline: float | None) -> paramiko.Channel:
+        """A new session channel; a connection found dead is reopened once."""
+        for attempt in (1, 2):
+            transport = self._connect(peer, deadline)
+            limit = _bounded(self.cluster.ssh.connect_timeout, deadline)
+            try:
+                return transport.open_session(timeout=limit)
+            except paramiko.ChannelException as exc:
+                raise _Failure(f"channel refused by the server: {exc}") from None
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                if transport.is_active():
+                    raise _Timeout(f"timed out opening a channel ({exc})") from None
+                self._set_status(peer, NodeState.DOWN, "connection lost")
+                if attempt == 2:
+                    raise _Failure(f"connection lost: {exc}", NodeState.DOWN) from None
+        raise AssertionError("unreachable")
+
+    def _command(self, peer: _Peer, cmd: str, env: dict[str, str] | None, sudo: bool,
+                 deadline: float | None) -> tuple[str, bytes]:
+        """The command line to send and what to write to its stdin first (sudo's password)."""
+        prefix = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
+        if not sudo:
+            return prefix + cmd, b""
+        mode = self._sudo_mode(peer, deadline)
+        inner = shlex.quote(prefix + cmd)
+        if mode == "root":
+            return f"bash -c {inner}", b""
+        if mode == "nopass":
+            return f"sudo -n bash -c {inner}", b""
+        password = self._sudo_password() if self._sudo_password is not None else None
+        if not password:
+            raise _Failure(f"sudo on {peer.node.name} needs a password and none was given")
+        return f"sudo -S -p '' bash -c {inner}", (password + "\n").encode()
+
+    def _sudo_mode(self, peer: _Peer, deadline: float | None) -> str:
+        if peer.sudo_mode is None:
+            result = self._execute(peer, SUDO_PROBE, deadline=deadline)
+            if result.error is not None:
+                raise _Failure(result.error)
+            peer.sudo_mode = result.stdout.strip() or "password"
+        return peer.sudo_mode
+
+    def _redactor(self, sudo: bool) -> Callable[[str], str]:
+        if not sudo or self._sudo_password is None:
+            return str
+        password = self._sudo_password()
+        if not password:
+            return str
+        return lambda text: text.replace(password, REDACTED)
+
+    # ----------------------------------------------------------------- public commands
+
+    def run(
+        self,
+        node: str,
+        cmd: str,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        env: dict[str, str] | None = None,
+        sudo: bool = False,
+    ) -> Result:
+        """Run ``cmd`` on ``node`` (through the user's shell) and collect its output.
+
+        ``timeout`` covers connecting and running; at the deadline the channel is closed (a remote
+        process that ignores the closed channel may go on running). Never raises for remote or
+        connection failures: see ``Result.error``.
+        """
+        peer = self._peer(node)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        redact = self._redactor(sudo)
+        try:
+            command, first = self._command(peer, cmd, env, sudo, deadline)
+        except _Failure as exc:
+            return Result(node, None, "", "", 0.0, redact(str(exc)))
+        return self._execute(peer, command, deadline=deadline, stdin=first + (data or b""),
+                             redact=redact, timeout=timeout)
+
+    def _execute(
+        self,
+        peer: _Peer,
+        command: str,
+        *,
+        deadline: float | None,
+        stdin: bytes = b"",
+        redact: Callable[[str], str] = str,
+        timeout: float | None = None,
+    ) -> Result:
+        started = time.monotonic()
+        out, err = bytearray(), bytearray()
+        code: int | None = None
+        error: str | None = None
+        process: _Process | None = None
+        try:
+            process = self._start(peer, command, deadline)
+            if stdin:
+                process.write(stdin)
+            process.close_stdin()
+            for fd, data in process.chunks(deadline):
+                buffer = out if fd == "out" else err
+                buffer += data[: max(0, MAX_RESULT - len(buffer))]
+            code = process.wait_exit(deadline)
+            if code is None:
+                error = "command killed by a signal or its channel closed"
+        except _Timeout as exc:
+            error = f"timeout after {timeout:g}s ({exc})" if timeout is not None else str(exc)
+        except _Failure as exc:
+            error = str(exc)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            error = f"connection lost: {exc or type(exc).__name__}"
+        finally:
+            if process is not None:
+                process.close()
+        return Result(
+            peer.node.name,
+            code,
+            redact(out.decode("utf-8", errors="replace")),
+            redact(err.decode("utf-8", errors="replace")),
+            time.monotonic() - started,
+            None if error is None else redact(error),
+        )
+
+    def stream(
+        self,
+        node: str,
+        cmd: str,
+        *,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+    ) -> Stream:
+        """Start ``cmd`` on ``node`` and return a :class:`Stream` of its lines as they arrive.
+
+        ``stdin`` (if given) is written and stdin is then closed; without it stdin stays open for
+        ``Stream.write``/``close_stdin``. A connection failure gives a Stream that yields nothing
+        and has ``error`` set.
+        """
+        peer = self._peer(node)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        connect_deadline = time.monotonic() + self.cluster.ssh.connect_timeout
+        if deadline is not None:
+            connect_deadline = min(connect_deadline, deadline)
+        try:
+            process = self._start(peer, cmd, connect_deadline)
+        except _Failure as exc:
+            return Stream(node, None, error=str(exc))
+        try:
+            if stdin is not None:
+                process.write(stdin.encode() if isinstance(stdin, str) else stdin)
+                process.close_stdin()
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            process.close()
+            return Stream(node, None, error=f"cannot write stdin: {exc}")
+        return Stream(node, process, deadline=deadline)
+
+    def _names(self, nodes: Iterable[str] | None) -> list[str]:
+        names = list(nodes) if nodes is not None else self.cluster.names()
+        for name in names:
+            self._peer(name)
+        return names
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                workers = max(1, self.cluster.ssh.max_parallel)
+                self._executor = ThreadPoolExecutor(workers, thread_name_prefix="svconsole-pool")
+            return self._executor
+
+    def iter_run_all(
+        self,
+        cmd: str,
+        *,
+        nodes: Iterable[str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        env: dict[str, str] | None = None,
+        sudo: bool = False,
+    ) -> Iterator[Result]:
+        """Run ``cmd`` on the nodes (all by default), at most ``ssh.max_parallel`` at a time,
+        yielding each Result as it completes."""
+        executor = self._pool()
+        futures = [
+            executor.submit(self.run, name, cmd, timeout=timeout, stdin=stdin, env=env, sudo=sudo)
+            for name in self._names(nodes)
+        ]
+        for future in as_completed(futures):
+            yield future.result()
+
+    def run_all(
+        self,
+        cmd: str,
+        *,
+        nodes: Iterable[str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        env: dict[str, str] | None = None,
+        sudo: bool = False,
+    ) -> dict[str, Result]:
+        """Like :meth:`iter_run_all`, collected by node name (in cluster order)."""
+        names = self._names(nodes)
+        results = {r.node: r for r in self.iter_run_all(
+            cmd, nodes=names, timeout=timeout, stdin=stdin, env=env, sudo=sudo)}
+        return {name: results[name] for name in names}
+
+    def put(self, node: str, data: bytes, remote_path: str, mode: int = 0o644) -> None:
+        """Write ``data`` to ``remote_path`` on ``node`` atomically (temp file, then rename).
+        Raises :class:`RemoteError` on failure."""
+        path = shlex.quote(remote_path)
+        tmp = shlex.quote(f"{remote_path}.svconsole-tmp")
+        cmd = (f"mkdir -p \"$(dirname {path})\" && cat > {tmp} && chmod {mode:o} {tmp} "
+               f"&& mv -f {tmp} {path}")
+        result = self.run(node, cmd, stdin=data, timeout=max(60.0, len(data) / 1e6))
+        if not result.ok:
+            raise RemoteError(f"{node}: cannot write {remote_path}: "
+                              f"{result.error or result.stderr.strip() or f'exit {result.exit}'}")
+
+    # ----------------------------------------------------------------- health
+
+    def ping(self, node: str, deadline: float = 5.0) -> NodeStatus:
+        """Liveness probe: connect if needed, then one round trip (open and close a session
+        channel) within ``deadline`` seconds. A connection that does not answer is dropped."""
+        peer = self._peer(node)
+        if peer.node.local:
+            self._set_status(peer, NodeState.UP, rtt=0.0)
+            return self.status(node)
+        until = time.monotonic() + deadline
+        try:
+            transport = self._connect(peer, until)
+            conn = peer.conn
+        except _Failure as exc:
+            if exc.state is not None and exc.state != NodeState.CONNECTING:
+                return self.status(node)  # _open published the failure
+            self._set_status(peer, NodeState.DOWN, str(exc))
+            return self.status(node)
+        started = time.monotonic()
+        try:
+            channel = transport.open_session(timeout=_bounded(deadline, until))
+            channel.close()
+        except paramiko.ChannelException:
+            pass  # refused (e.g. MaxSessions reached): the server answered, so it is alive
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            self._drop(peer, only=conn)
+            alive = "connection lost" if not transport.is_active() else f"no reply within {deadline:g}s"
+            self._set_status(peer, NodeState.DOWN, f"{alive} ({exc})" if alive == "connection lost" else alive)
+            return self.status(node)
+        self._set_status(peer, NodeState.UP, "", rtt=time.monotonic() - started)
+        return self.status(node)
+
+    def ping_all(self, deadline: float = 5.0, nodes: Iterable[str] | None = None) -> dict[str, NodeStatus]:
+        """Ping the nodes in parallel; each answer within ``deadline``."""
+        executor = self._pool()
+        names = self._names(nodes)
+        futures = {name: executor.submit(self.ping, name, deadline) for name in names}
+        return {name: futures[name].result() for name in names}
+
+    def start_health(self, interval: float = 5.0, *, backoff_cap: float = 60.0) -> None:
+        """Start a background thread that pings every node each ``interval`` seconds, publishes
+        status changes, drops dead connections and reconnects with exponential backoff (from
+        ``interval``, doubling, at most ``backoff_cap`` seconds between tries)."""
+        with self._lock:
+            if self._health_thread is not None:
+                return
+            self._health_stop.clear()
+            thread = threading.Thread(
+                target=self._health_loop, args=(interval, backoff_cap),
+                name="svconsole-health", daemon=True,
+            )
+            self._health_thread = thread
+        thread.start()
+
+    def _health_loop(self, interval: float, cap: float) -> None:
+        names = self.cluster.names()
+        with ThreadPoolExecutor(min(32, max(1, len(names))), thread_name_prefix="svconsole-ping") as probes:
+            while not self._health_stop.is_set():
+                now = time.monotonic()
+                for name in names:
+                    peer = self._peers[name]
+                    if peer.probing or now < peer.next_retry:
+                        continue
+                    peer.probing = True
+                    probes.submit(self._health_probe, peer, interval, cap)
+                self._health_stop.wait(interval)
+
+    def _health_probe(self, peer: _Peer, interval: float, cap: float) -> None:
+        try:
+            deadline = min(max(interval, 1.0), self.cluster.ssh.connect_timeout)
+            status = self.ping(peer.node.name, deadline)
+            if status.state == NodeState.UP:
+                peer.failures, peer.next_retry = 0, 0.0
+            else:
+                peer.failures += 1
+                delay = min(cap, interval * 2 ** (peer.failures - 1))
+                peer.next_retry = time.monotonic() + delay
+        except Exception:
+            log.exception("health probe of %s failed", peer.node.name)
+        finally:
+            peer.probing = False
+
+    def close(self) -> None:
+        """Stop the health thread, close every connection and the worker threads."""
+        self._closed = True
+        self._health_stop.set()
+        with self._lock:
+            thread, self._health_thread = self._health_thread, None
+            executor, self._executor = self._executor, None
+        if thread is not None:
+            thread.join(timeout=self.cluster.ssh.connect_timeout + 1)
+        for peer in self._peers.values():
+            if peer.gateway is None:
+                continue
+            self._drop(peer)  # nodes behind a jump host first, then the gateways
+        for peer in self._peers.values():
+            self._drop(peer)
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _describe(exc: BaseException, peer: _Peer) -> tuple[NodeState, str]:
+    """Map a connect failure to a state and a reason an operator can act on."""
+    where = f"{peer.node.host}:{peer.node.port}"
+    if isinstance(exc, _Failure):
+        return exc.state or NodeState.DOWN, str(exc)
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return NodeState.HOSTKEY_CHANGED, changed_reason(exc.hostname, exc.key, exc.expected_key)
+    if isinstance(exc, HostKeyUnknown):
+        return NodeState.HOSTKEY_UNKNOWN, str(exc)
+    if isinstance(exc, paramiko.AuthenticationException):
+        user = peer.user or "(local user)"
+        return NodeState.AUTH_FAILED, f"authentication failed for {user}@{where}: {exc}"
+    if isinstance(exc, FileNotFoundError):
+        return NodeState.AUTH_FAILED, f"identity file not found: {exc.filename}"
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        refused = all(getattr(e, "errno", None) == 111 for e in exc.errors.values())
+        return NodeState.DOWN, f"connection refused by {where}" if refused else f"cannot connect to {where}: {exc}"
+    if isinstance(exc, ConnectionRefusedError):
+        return NodeState.DOWN, f"connection refused by {where}"
+    if isinstance(exc, socket.gaierror):
+        return NodeState.DOWN, f"unknown host {peer.node.host}: {exc.strerror}"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return NodeState.DOWN, f"connect to {where} timed out"
+    if isinstance(exc, paramiko.SSHException) and "banner" in str(exc).lower():
+        return NodeState.DOWN, f"no SSH banner from {where} in time (hung or not sshd)"
+    if isinstance(exc, (paramiko.SSHException, EOFError)):
+        return NodeState.DOWN, f"SSH handshake with {where} failed: {exc or type(exc).__name__}"
+    if isinstance(exc, OSError):
+        return NodeState.DOWN, f"cannot connect to {where}: {exc.strerror or exc}"
+    return NodeState.DOWN, f"cannot connect to {where}: {type(exc).__name__}: {exc}"
