@@ -68,7 +68,7 @@ _PSEUDO_BLOCK = ("loop", "ram", "zram", "dm-", "md", "sr", "fd", "nbd")
 def reason(exc: BaseException) -> str:
     """One line that says why a fact could not be read."""
     text = str(exc).strip().splitlines()
-    return "%s: %s" % (type(exc).__name__, text[0] if text else "")
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
 def read_text(path: str) -> str:
@@ -78,12 +78,12 @@ def read_text(path: str) -> str:
 
 def run_cmd(argv: list, timeout: float) -> str:
     """stdout of a program; raises with its stderr when it fails or runs too long."""
-    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, timeout=timeout, universal_newlines=True)
+    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                          timeout=timeout, text=True)
     if proc.returncode != 0:
         err = (proc.stderr or proc.stdout).strip().splitlines()
-        raise RuntimeError("%s exited %d: %s" % (os.path.basename(argv[0]), proc.returncode,
-                                                 err[-1] if err else "no output"))
+        last = err[-1] if err else "no output"
+        raise RuntimeError(f"{os.path.basename(argv[0])} exited {proc.returncode}: {last}")
     return proc.stdout
 
 
@@ -206,7 +206,7 @@ def _ipv4_of(name: str) -> list:
             return []  # no IPv4 address
         mask = fcntl.ioctl(s.fileno(), 0x891B, req)[20:24]
     prefix = bin(struct.unpack("!I", mask)[0]).count("1")
-    return ["%s/%d" % (addr, prefix)]
+    return [f"{addr}/{prefix}"]
 
 
 def ipv6_addresses(if_inet6: str) -> dict:
@@ -217,7 +217,7 @@ def ipv6_addresses(if_inet6: str) -> dict:
         if len(parts) == 6:
             raw = bytes.fromhex(parts[0])
             addr = socket.inet_ntop(socket.AF_INET6, raw)
-            out.setdefault(parts[5], []).append("%s/%d" % (addr, int(parts[2], 16)))
+            out.setdefault(parts[5], []).append(f"{addr}/{int(parts[2], 16)}")
     return out
 
 
@@ -299,7 +299,7 @@ def cuda_version_text(value: int | None) -> str | None:
     """NVML's CUDA driver version (13000) as text ("13.0")."""
     if not value:
         return None
-    return "%d.%d" % (value // 1000, (value % 1000) // 10)
+    return f"{value // 1000}.{value % 1000 // 10}"
 
 
 def nvml_raw(pynvml) -> dict:
@@ -363,7 +363,7 @@ def gpus_from_nvml(raw: dict) -> list:
         gpus.append(_gpu(
             g["index"], g.get("name") or "unknown", uuid=g.get("uuid"),
             memory_total_mb=round(mem / 1048576) if mem is not None else None,
-            compute_capability="%d.%d" % tuple(cc) if cc else None,
+            compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
             driver_version=raw.get("driver"), cuda_driver_version=cuda,
             persistence=bool(g["persistence"]) if "persistence" in g else None,
             ecc=bool(ecc[0]) if ecc else None,
@@ -395,7 +395,7 @@ def gpus_from_query_csv(text: str, fields=QUERY_FIELDS, cuda_version: str | None
     for line in text.splitlines():
         if not line.strip():
             continue
-        row = dict(zip(fields, (_csv_value(v) for v in line.split(","))))
+        row = dict(zip(fields, (_csv_value(v) for v in line.split(","))))  # noqa: B905 (3.8)
         index = _csv_int(row.get("index"))
         gpus.append(_gpu(
             index, row.get("name") or "unknown", uuid=row.get("uuid"),
@@ -438,6 +438,10 @@ def nvlink_from_status(text: str) -> dict:
     return up
 
 
+def _no_gpu(tried: list) -> dict:
+    return {"source": None, "gpus": [], "error": f"no NVIDIA GPU ({'; '.join(tried)})"}
+
+
 def gpu_facts(timeout: float) -> dict:
     """GPUs through NVML, else nvidia-smi; else none, with the reason of each attempt."""
     tried = []
@@ -446,13 +450,13 @@ def gpu_facts(timeout: float) -> dict:
 
         return {"source": "nvml", "gpus": gpus_from_nvml(nvml_raw(pynvml)), "error": None}
     except ImportError:
-        tried.append("NVML: nvidia-ml-py is not installed for %s" % sys.executable)
+        tried.append(f"NVML: nvidia-ml-py is not installed for {sys.executable}")
     except Exception as exc:  # noqa: BLE001  NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        tried.append("NVML: %s" % reason(exc))
+        tried.append(f"NVML: {reason(exc)}")
     smi = shutil.which("nvidia-smi")
     if smi is None:
         tried.append("nvidia-smi: not found on PATH")
-        return {"source": None, "gpus": [], "error": "no NVIDIA GPU (%s)" % "; ".join(tried)}
+        return _no_gpu(tried)
     try:
         fields = QUERY_FIELDS
         try:
@@ -474,8 +478,8 @@ def gpu_facts(timeout: float) -> dict:
             links = {}
         gpus = gpus_from_query_csv(csv, fields, cuda, links)
     except Exception as exc:  # noqa: BLE001
-        tried.append("nvidia-smi: %s" % reason(exc))
-        return {"source": None, "gpus": [], "error": "no NVIDIA GPU (%s)" % "; ".join(tried)}
+        tried.append(f"nvidia-smi: {reason(exc)}")
+        return _no_gpu(tried)
     if not gpus:
         return {"source": "nvidia-smi", "gpus": [], "error": "no NVIDIA GPU (nvidia-smi lists none)"}
     return {"source": "nvidia-smi", "gpus": gpus, "error": None}
@@ -534,7 +538,7 @@ def python_facts(python: str | None, timeout: float, torch_timeout: float) -> di
     try:
         info = _last_json_line(run_cmd([exe, "-c", _VERSIONS], timeout))
     except Exception as exc:  # noqa: BLE001
-        facts["error"] = "cannot run %s: %s" % (exe, reason(exc))
+        facts["error"] = f"cannot run {exe}: {reason(exc)}"
         return facts
     facts.update(executable=info["executable"], version=info["version"])
     facts.update({name: info["packages"].get(name) for name in PACKAGES})
@@ -543,9 +547,9 @@ def python_facts(python: str | None, timeout: float, torch_timeout: float) -> di
             t = _last_json_line(run_cmd([exe, "-c", _TORCH], torch_timeout))
             facts.update(torch_cuda=t["cuda"], nccl=t["nccl"])
         except subprocess.TimeoutExpired:
-            facts["error"] = "import torch took longer than %gs" % torch_timeout
+            facts["error"] = f"import torch took longer than {torch_timeout:g}s"
         except Exception as exc:  # noqa: BLE001
-            facts["error"] = "import torch failed: %s" % reason(exc)
+            facts["error"] = f"import torch failed: {reason(exc)}"
     return facts
 
 
@@ -623,8 +627,8 @@ def main(argv=None) -> int:
                    "clock": time.time()}
     else:
         payload = collect(args)
-    sys.stdout.write("\n%s\n%s\n%s\n" % (BEGIN.format(nonce=args.nonce), json.dumps(payload),
-                                         END.format(nonce=args.nonce)))
+    begin, end = BEGIN.format(nonce=args.nonce), END.format(nonce=args.nonce)
+    sys.stdout.write(f"\n{begin}\n{json.dumps(payload)}\n{end}\n")
     sys.stdout.flush()
     return 0
 
