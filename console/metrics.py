@@ -1,0 +1,639 @@
+"""The metrics of one training run, fed by parsed log events, bounded in memory.
+
+:class:`MetricsStore` takes :mod:`console.logparse` events (from any node, in any order of
+ranks) and keeps, per rank and total step, the loss, learning rate, FunASR's stats list, its
+timings and GPU memory; validation losses; DeepSpeed's gradient synchronisation time; an event
+feed (validation, checkpoints, best model, early stopping, errors) and the faults seen.
+
+Memory stays bounded however long the run: each chart series is a :class:`Series` of at most
+``capacity`` buckets that merge pairwise as points arrive, each keeping the min, max and mean of
+its points, so a one-step spike is still visible after a million steps. The whole history goes
+to a CSV file on disk as it arrives (one row per step line); :meth:`MetricsStore.to_csv` copies
+it out.
+
+Derived figures: the mean train loss over ranks per step, the step time (FunASR's measured
+``total_time``, else the time between successive lines), throughput, an ETA from the measured step
+time, per-rank status (last step, loss, step time, GPU memory, seconds since its last line),
+and the detectors of :mod:`console.faults` (loss spikes, stalled ranks, slow gradient sync, low GPU
+utilisation). Exports: CSV, JSON (nan as null) and PNG (matplotlib, imported when needed).
+
+The store is thread-safe: followers add from their threads while a screen reads.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import statistics
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from console import faults
+from console.atomic import atomic_write
+from console.faults import Finding, FindingCollector
+from console.logparse import (
+    BestModel,
+    CheckpointSaved,
+    DeepSpeedTimers,
+    EarlyStop,
+    Eta,
+    Event,
+    ExceptionRaised,
+    HydraError,
+    NoImprovement,
+    Phase,
+    StepEvent,
+    ValResult,
+    ValStep,
+    WorkerExit,
+    json_number,
+)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every nan/inf float (at any depth) replaced by ``None``."""
+    if isinstance(value, float):
+        return json_number(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+# --- bounded series -------------------------------------------------------------------------
+
+
+@dataclass
+class Bucket:
+    """Consecutive points merged: x range, count, and min/max/mean of the y values. nan values
+    are counted in ``nans`` and left out of min, max and mean."""
+
+    x_first: float
+    x_last: float
+    count: int = 0
+    nans: int = 0
+    total: float = 0.0
+    low: float = math.nan
+    high: float = math.nan
+
+    @property
+    def mean(self) -> float:
+        n = self.count - self.nans
+        return self.total / n if n else math.nan
+
+    def add(self, x: float, y: float) -> None:
+        self.x_last = x
+        self.count += 1
+        if math.isnan(y):
+            self.nans += 1
+            return
+        self.total += y
+        self.low = y if math.isnan(self.low) else min(self.low, y)
+        self.high = y if math.isnan(self.high) else max(self.high, y)
+
+    def merge(self, other: Bucket) -> None:
+        self.x_last = other.x_last
+        self.count += other.count
+        self.nans += other.nans
+        self.total += other.total
+        for y in (other.low, other.high):
+            if not math.isnan(y):
+                self.low = y if math.isnan(self.low) else min(self.low, y)
+                self.high = y if math.isnan(self.high) else max(self.high, y)
+
+
+class Series:
+    """A chart series of at most ``capacity`` buckets. While fewer points than that have come,
+    every point is its own bucket; beyond, neighbours merge pairwise and each bucket covers twice
+    as many points. ``x`` should grow (total step); a smaller x simply starts a new bucket."""
+
+    def __init__(self, capacity: int = 1000) -> None:
+        if capacity < 2:
+            raise ValueError(f"Series capacity must be at least 2, got {capacity}")
+        self.capacity = capacity
+        self.buckets: list[Bucket] = []
+        self.per_bucket = 1
+        self.count = 0
+        self.last: tuple[float, float] | None = None
+
+    def __len__(self) -> int:
+        return len(self.buckets)
+
+    def add(self, x: float, y: float) -> None:
+        self.count += 1
+        self.last = (x, y)
+        tail = self.buckets[-1] if self.buckets else None
+        if tail is not None and tail.count < self.per_bucket and x >= tail.x_last:
+            tail.add(x, y)
+            return
+        bucket = Bucket(x, x)
+        bucket.add(x, y)
+        self.buckets.append(bucket)
+        if len(self.buckets) > self.capacity:
+            self._halve()
+
+    def _halve(self) -> None:
+        merged: list[Bucket] = []
+        for i in range(0, len(self.buckets), 2):
+            head = self.buckets[i]
+            if i + 1 < len(self.buckets):
+                head.merge(self.buckets[i + 1])
+            merged.append(head)
+        self.buckets = merged
+        self.per_bucket *= 2
+
+    def points(self) -> list[tuple[float, float, float, float]]:
+        """``(x, mean, min, max)`` per bucket; x is the bucket's last x."""
+        return [(b.x_last, b.mean, b.low, b.high) for b in self.buckets]
+
+    def to_dict(self) -> dict[str, Any]:
+        pts = self.points()
+        return json_safe({"count": self.count, "x": [p[0] for p in pts],
+                          "mean": [p[1] for p in pts], "min": [p[2] for p in pts],
+                          "max": [p[3] for p in pts]})
+
+
+# --- the store ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """One row of the per-rank table."""
+
+    rank: int
+    node: str | None
+    epoch: int | None
+    last_step: int | None
+    loss: float | None
+    lr: float | None
+    step_time_s: float | None
+    gpu_mem_gb: float | None
+    gpu_peak_gb: float | None
+    grad_sync_ms: float | None
+    seconds_since: float | None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the run is. ``eta_s`` comes from the measured step time; ``funasr_eta_hours`` is
+    FunASR's own last estimate."""
+
+    epoch: int | None
+    max_epoch: int | None
+    step_in_epoch: int | None
+    steps_per_epoch: int | None
+    total_step: int | None
+    step_time_s: float | None
+    steps_per_s: float | None
+    eta_s: float | None
+    funasr_eta_hours: float | None
+    finished: bool
+
+
+@dataclass(frozen=True)
+class FeedItem:
+    """A notable event for the feed, with the node whose log it came from."""
+
+    node: str | None
+    received: float
+    event: Event
+
+
+#: Event types shown in the feed.
+FEED_TYPES = (Phase, CheckpointSaved, BestModel, ValResult, NoImprovement, EarlyStop, Eta,
+              HydraError, ExceptionRaised, WorkerExit)
+
+#: Columns of the history CSV (one row per train/val line; stats as a JSON object).
+HISTORY_COLUMNS = (
+    "received", "time", "node", "kind", "rank", "epoch", "max_epoch", "data_slice", "data_slices",
+    "step_in_slice", "steps_in_slice", "step_in_epoch", "total_step", "loss", "loss_avg_slice",
+    "ppl", "acc", "lr", "data_load", "forward_time", "backward_time", "optim_time", "total_time",
+    "mem_usage_gb", "mem_peak_gb", "mem_cache_gb", "mem_cache_peak_gb", "stats", "line",
+)
+_TIMING_KEYS = ("data_load", "forward_time", "backward_time", "optim_time", "total_time")
+
+
+class _RankState:
+    """What the store tracks for one rank."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.node: str | None = None
+        self.last: StepEvent | None = None
+        self.last_seen: float | None = None
+        self.gaps: deque[float] = deque(maxlen=20)
+        self.step_times: deque[float] = deque(maxlen=20)
+        self.grad_sync: deque[float] = deque(maxlen=20)
+        self.watch = faults.LossWatch()
+        self.last_grad_line: DeepSpeedTimers | None = None
+
+    def seen(self, received: float) -> None:
+        if self.last_seen is not None:
+            self.gaps.append(received - self.last_seen)
+        self.last_seen = received
+
+
+class MetricsStore:
+    """Metrics of one run. ``history_path``: the CSV the full history is appended to (a
+    temporary file when ``None``). ``capacity``: buckets per chart series. ``stall_after_s``:
+    silence after which a rank counts as stalled while others log (default: ten times the
+    rank's usual gap between lines, at least ``min_stall_s``)."""
+
+    def __init__(self, history_path: str | Path | None = None, *, capacity: int = 1000,
+                 max_events: int = 500, clock: Callable[[], float] = time.time,
+                 stall_after_s: float | None = None, min_stall_s: float = 60.0,
+                 gpu_samples: int = 7200) -> None:
+        self.capacity = capacity
+        self.clock = clock
+        self.stall_after_s = stall_after_s
+        self.min_stall_s = min_stall_s
+        self.revision = 0
+        self._lock = threading.RLock()
+        self._series: dict[str, Series] = {}
+        self._ranks: dict[int, _RankState] = {}
+        self._pending: dict[int, dict[int, float]] = {}
+        self._max_step = 0
+        self._feed: deque[FeedItem] = deque(maxlen=max_events)
+        self._findings = FindingCollector()
+        self._gpu: dict[tuple[str | None, int], deque[tuple[float, float]]] = {}
+        self._gpu_samples = gpu_samples
+        self._last_eta: Eta | None = None
+        self._finished = False
+        self.history_path = Path(history_path) if history_path is not None else None
+        self._history: IO[str] = self._open_history()
+        self._writer = csv.writer(self._history)
+        self._last_flush = 0.0
+
+    # -- input ---------------------------------------------------------------------------
+
+    def add(self, event: Event, *, node: str | None = None,
+            received: float | None = None) -> None:
+        """Take one parsed log line from ``node``'s log."""
+        received = self.clock() if received is None else received
+        with self._lock:
+            self.revision += 1
+            state = self._rank(event.rank, node, received) if event.rank is not None else None
+            matched = faults.match_line(event.text)
+            for f in matched:
+                self._findings.add(f, event.text, node=node, rank=event.rank,
+                                   line_no=event.line_no)
+            if isinstance(event, StepEvent):
+                self._add_step(event, node, received, state, matched)
+            elif isinstance(event, DeepSpeedTimers) and state is not None:
+                self._add_timers(event, state)
+            elif isinstance(event, ValResult) and event.value is not None:
+                self._line("val_loss").add(self._max_step, event.value)
+            if isinstance(event, Eta):
+                self._last_eta = event
+            if isinstance(event, EarlyStop):
+                self._finished = True
+            if isinstance(event, FEED_TYPES):
+                self._feed.append(FeedItem(node, received, event))
+
+    def add_all(self, events: Iterable[Event], *, node: str | None = None) -> None:
+        for event in events:
+            self.add(event, node=node)
+
+    def add_gpu_sample(self, node: str | None, gpu: int, t: float, util: float) -> None:
+        """One utilisation reading (percent) of a GPU, for the low-utilisation detector."""
+        with self._lock:
+            samples = self._gpu.setdefault((node, gpu), deque(maxlen=self._gpu_samples))
+            samples.append((t, util))
+
+    def _rank(self, rank: int, node: str | None, received: float) -> _RankState:
+        state = self._ranks.get(rank)
+        if state is None:
+            state = self._ranks[rank] = _RankState(rank)
+        if node is not None:
+            state.node = node
+        state.seen(received)
+        return state
+
+    def _line(self, name: str) -> Series:
+        series = self._series.get(name)
+        if series is None:
+            series = self._series[name] = Series(self.capacity)
+        return series
+
+    def _add_step(self, ev: StepEvent, node: str | None, received: float,
+                  state: _RankState | None, matched: list[faults.Fault]) -> None:
+        self._write_history(ev, node, received)
+        if ev.total_step is None or state is None:
+            return
+        r, x = state.rank, ev.total_step
+        if isinstance(ev, ValStep):
+            if ev.loss is not None:
+                self._line(f"val_loss/rank{r}").add(x, ev.loss)
+            return
+        self._max_step = max(self._max_step, x)
+        self._record_step_time(ev, state)
+        state.last = ev
+        for name, value in self._step_values(ev):
+            if value is not None:
+                self._line(f"{name}/rank{r}").add(x, value)
+        if ev.loss is not None:
+            self._pending.setdefault(x, {})[r] = ev.loss
+            self._settle_means()
+            reason = state.watch.observe(ev.loss)
+            spike = faults.fault("loss-divergence")
+            if reason is not None and spike not in matched:
+                self._findings.add(spike, ev.text, node=node, rank=r, line_no=ev.line_no,
+                                   detail=reason)
+
+    @staticmethod
+    def _step_values(ev: StepEvent) -> Iterable[tuple[str, float | None]]:
+        yield "loss", ev.loss
+        yield "lr", ev.lr
+        yield "mem/usage_gb", ev.mem_usage_gb
+        yield "mem/peak_gb", ev.mem_peak_gb
+        for key, value in ev.stats.items():
+            yield f"stat/{key}", value
+        for key, value in ev.timings.items():
+            yield f"timing/{key}", value
+
+    def _record_step_time(self, ev: StepEvent, state: _RankState) -> None:
+        measured = ev.timings.get("total_time")
+        if measured is None and state.last is not None and ev.time is not None \
+                and state.last.time is not None and state.last.total_step is not None \
+                and ev.total_step is not None and ev.total_step > state.last.total_step:
+            measured = (ev.time - state.last.time) / (ev.total_step - state.last.total_step)
+        if measured is not None and math.isfinite(measured) and measured > 0:
+            state.step_times.append(measured)
+
+    def _settle_means(self, everything: bool = False) -> None:
+        """Move into ``loss/mean`` the steps every known rank has passed (no rank will report
+        them any more), or the oldest ones when a rank lags far behind."""
+        lasts = [s.last.total_step for s in self._ranks.values()
+                 if s.last is not None and s.last.total_step is not None]
+        done = min(lasts, default=0)
+        for step in sorted(self._pending):
+            if not (everything or step <= done or len(self._pending) > 32):
+                break
+            losses = self._pending.pop(step)
+            self._line("loss/mean").add(step, statistics.fmean(losses.values()))
+
+    def _add_timers(self, ev: DeepSpeedTimers, state: _RankState) -> None:
+        ms = ev.allreduce_ms
+        if ms is None:
+            return
+        state.grad_sync.append(ms)
+        state.last_grad_line = ev
+        self._line(f"grad_sync_ms/rank{state.rank}").add(self._max_step, ms)
+
+    def _write_history(self, ev: StepEvent, node: str | None, received: float) -> None:
+        row = {"received": received, "time": ev.time, "node": node, "kind": ev.kind,
+               "rank": ev.rank, "epoch": ev.epoch, "max_epoch": ev.max_epoch,
+               "data_slice": ev.data_slice, "data_slices": ev.data_slices,
+               "step_in_slice": ev.step_in_slice, "steps_in_slice": ev.steps_in_slice,
+               "step_in_epoch": ev.step_in_epoch, "total_step": ev.total_step, "loss": ev.loss,
+               "loss_avg_slice": ev.loss_avg_slice, "ppl": ev.ppl, "acc": ev.acc, "lr": ev.lr,
+               **{k: ev.timings.get(k) for k in _TIMING_KEYS},
+               "mem_usage_gb": ev.mem_usage_gb, "mem_peak_gb": ev.mem_peak_gb,
+               "mem_cache_gb": ev.mem_cache_gb, "mem_cache_peak_gb": ev.mem_cache_peak_gb,
+               "stats": json.dumps(json_safe(ev.stats)), "line": ev.line_no}
+        self._writer.writerow(["" if row[c] is None else row[c] for c in HISTORY_COLUMNS])
+        if received - self._last_flush >= 1.0:
+            self._history.flush()
+            self._last_flush = received
+
+    def _open_history(self) -> IO[str]:
+        if self.history_path is None:
+            return tempfile.TemporaryFile("w+", encoding="utf-8", newline="")
+        self.history_path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(self.history_path, "a+", encoding="utf-8", newline="")  # noqa: SIM115
+        if f.tell() == 0:
+            csv.writer(f).writerow(HISTORY_COLUMNS)
+        return f
+
+    # -- reading -------------------------------------------------------------------------
+
+    def series(self, name: str) -> Series | None:
+        """A chart series by name: ``loss/mean``, ``loss/rank0``, ``lr/rank0``, ``val_loss``,
+        ``val_loss/rank0``, ``stat/loss_ctc/rank0``, ``timing/total_time/rank0``,
+        ``mem/peak_gb/rank0``, ``grad_sync_ms/rank0``."""
+        with self._lock:
+            return self._series.get(name)
+
+    def series_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._series)
+
+    def mean_loss(self) -> list[tuple[float, float, float, float]]:
+        """The mean train loss over ranks per step, including steps not every rank has
+        reported yet: ``(x, mean, min, max)``."""
+        with self._lock:
+            pts = list(self._series["loss/mean"].points()) if "loss/mean" in self._series else []
+            for step in sorted(self._pending):
+                m = statistics.fmean(self._pending[step].values())
+                pts.append((step, m, m, m))
+            return pts
+
+    def ranks(self, now: float | None = None) -> list[RankStatus]:
+        """The per-rank table, by rank."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            rows = []
+            for r in sorted(self._ranks):
+                s = self._ranks[r]
+                last = s.last
+                rows.append(RankStatus(
+                    rank=r, node=s.node, epoch=last.epoch if last else None,
+                    last_step=last.total_step if last else None,
+                    loss=last.loss if last else None, lr=last.lr if last else None,
+                    step_time_s=statistics.median(s.step_times) if s.step_times else None,
+                    gpu_mem_gb=last.mem_usage_gb if last else None,
+                    gpu_peak_gb=last.mem_peak_gb if last else None,
+                    grad_sync_ms=s.grad_sync[-1] if s.grad_sync else None,
+                    seconds_since=now - s.last_seen if s.last_seen is not None else None))
+            return rows
+
+    def progress(self) -> Progress:
+        with self._lock:
+            lead = max((s.last for s in self._ranks.values() if s.last is not None),
+                       key=lambda ev: ev.total_step or 0, default=None)
+            times = [statistics.median(s.step_times) for s in self._ranks.values()
+                     if s.step_times]
+            step_time = max(times) if times else None  # the slowest rank sets the pace
+            steps_per_epoch = eta = None
+            if lead is not None and lead.steps_in_slice and lead.data_slices:
+                steps_per_epoch = lead.steps_in_slice * lead.data_slices
+                if step_time and lead.max_epoch is not None and lead.epoch is not None \
+                        and lead.step_in_epoch is not None:
+                    remaining = ((lead.max_epoch - lead.epoch - 1) * steps_per_epoch
+                                 + max(steps_per_epoch - lead.step_in_epoch, 0))
+                    eta = max(remaining, 0) * step_time
+            return Progress(
+                epoch=lead.epoch if lead else None, max_epoch=lead.max_epoch if lead else None,
+                step_in_epoch=lead.step_in_epoch if lead else None,
+                steps_per_epoch=steps_per_epoch, total_step=lead.total_step if lead else None,
+                step_time_s=step_time, steps_per_s=1.0 / step_time if step_time else None,
+                eta_s=0.0 if self._finished else eta,
+                funasr_eta_hours=self._last_eta.remaining_hours if self._last_eta else None,
+                finished=self._finished)
+
+    def feed(self) -> list[FeedItem]:
+        """The latest notable events, oldest first."""
+        with self._lock:
+            return list(self._feed)
+
+    def grad_sync(self) -> dict[str, Any]:
+        """Per rank: the median ``bwd_allreduce`` over the last steps, and its verdict against
+        the seed's thresholds (< 500 ms normal, > 2000 ms bad)."""
+        with self._lock:
+            out = {}
+            for r, s in sorted(self._ranks.items()):
+                if s.grad_sync:
+                    med = statistics.median(s.grad_sync)
+                    out[f"rank{r}"] = {"median_ms": med, "last_ms": s.grad_sync[-1],
+                                       "verdict": faults.grad_sync_verdict(med)}
+            return out
+
+    def findings(self, now: float | None = None) -> list[Finding]:
+        """Faults seen in the lines, plus what the detectors say now."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            out = self._findings.findings()
+            out += self._stall_findings(now)
+            out += self._grad_sync_findings()
+            out += self._gpu_findings()
+            return out
+
+    def _stall_threshold(self, state: _RankState) -> float:
+        if self.stall_after_s is not None:
+            return self.stall_after_s
+        gap = statistics.median(state.gaps) if state.gaps else 0.0
+        return max(self.min_stall_s, 10.0 * gap)
+
+    def _stall_findings(self, now: float) -> list[Finding]:
+        seen = {r: s.last_seen for r, s in self._ranks.items() if s.last_seen is not None}
+        if not seen:
+            return []
+        threshold = max(self._stall_threshold(s) for s in self._ranks.values())
+        out = []
+        for r in faults.stalled_ranks(seen, now, threshold):
+            s = self._ranks[r]
+            freshest = min(now - t for t in seen.values())
+            evidence = s.last.text if s.last is not None else f"rank {r}: no step line yet"
+            out.append(Finding(faults.fault("stalled-rank"), (evidence,), s.node, r,
+                               s.last.line_no if s.last else None,
+                               f"rank {r} silent for {now - seen[r]:.0f} s (threshold "
+                               f"{threshold:.0f} s) while another rank logged {freshest:.0f} s "
+                               "ago"))
+        return out
+
+    def _grad_sync_findings(self) -> list[Finding]:
+        out = []
+        for r, s in sorted(self._ranks.items()):
+            if not s.grad_sync or s.last_grad_line is None:
+                continue
+            med = statistics.median(s.grad_sync)
+            verdict = faults.grad_sync_verdict(med)
+            if verdict in ("elevated", "bad"):
+                out.append(Finding(faults.fault("slow-gradient-sync"), (s.last_grad_line.text,),
+                                   s.node, r, s.last_grad_line.line_no,
+                                   f"median bwd_allreduce {med:.0f} ms over the last "
+                                   f"{len(s.grad_sync)} steps: {verdict}"))
+        return out
+
+    def _gpu_findings(self) -> list[Finding]:
+        out = []
+        for (node, gpu), samples in sorted(self._gpu.items(), key=lambda kv: str(kv[0])):
+            verdict = faults.low_gpu_util([t for t, _ in samples], [u for _, u in samples])
+            if verdict is not None and verdict.low:
+                out.append(Finding(faults.fault("low-gpu-util"),
+                                   (f"GPU {gpu}: {verdict.detail}",), node, None, None,
+                                   verdict.detail))
+        return out
+
+    # -- export --------------------------------------------------------------------------
+
+    def to_json(self, now: float | None = None) -> dict[str, Any]:
+        """Everything a screen or script needs, JSON-ready (nan/inf as ``None``)."""
+        with self._lock:
+            mean = self.mean_loss()
+            return json_safe({
+                "progress": asdict(self.progress()),
+                "ranks": [asdict(r) for r in self.ranks(now)],
+                "loss_mean": {"x": [p[0] for p in mean], "mean": [p[1] for p in mean],
+                              "min": [p[2] for p in mean], "max": [p[3] for p in mean]},
+                "series": {name: s.to_dict() for name, s in sorted(self._series.items())},
+                "grad_sync": self.grad_sync(),
+                "events": [{"node": i.node, **i.event.to_dict()} for i in self._feed],
+                "findings": [f.to_dict() for f in self.findings(now)],
+            })
+
+    def to_csv(self, path: str | Path) -> Path:
+        """Write the whole history (every train/val line so far) as CSV, atomically."""
+        with self._lock:
+            self._history.flush()
+            self._history.seek(0)
+            data = self._history.read()
+            self._history.seek(0, io.SEEK_END)
+        if self.history_path is None:
+            data = ",".join(HISTORY_COLUMNS) + "\r\n" + data
+        return atomic_write(path, data, backup=False)
+
+    def to_png(self, path: str | Path, *, title: str | None = None) -> Path:
+        """Loss (per rank, mean over ranks with its min-max band, validation) and learning
+        rate over total step, as a PNG (matplotlib's Agg canvas; no display needed)."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        with self._lock:
+            mean = self.mean_loss()
+            per_rank = {n: s.points() for n, s in self._series.items()
+                        if n.startswith("loss/rank") or n.startswith("lr/rank")}
+            val = self._series["val_loss"].points() if "val_loss" in self._series else []
+        fig = Figure(figsize=(12, 5))
+        FigureCanvasAgg(fig)
+        ax_loss, ax_lr = fig.subplots(1, 2)
+        for name, pts in sorted(per_rank.items()):
+            if name.startswith("loss/"):
+                ax_loss.plot([p[0] for p in pts], [p[1] for p in pts], lw=0.6, alpha=0.5,
+                             label=name.split("/")[1])
+            else:
+                ax_lr.plot([p[0] for p in pts], [p[1] for p in pts], label=name.split("/")[1])
+        if mean:
+            xs = [p[0] for p in mean]
+            ax_loss.fill_between(xs, [p[2] for p in mean], [p[3] for p in mean], alpha=0.2,
+                                 color="tab:blue")
+            ax_loss.plot(xs, [p[1] for p in mean], lw=1.5, color="tab:blue", label="mean")
+        if val:
+            ax_loss.plot([p[0] for p in val], [p[1] for p in val], "o-", color="tab:red",
+                         label="validation")
+        finite = [abs(p[3]) for p in mean if math.isfinite(p[3])]
+        if finite and max(finite) > 1e4 * max(statistics.median(finite), 1e-12):
+            ax_loss.set_yscale("symlog")  # a 1e+14 spike must not flatten the rest
+        ax_loss.set(title="Training loss", xlabel="total step", ylabel="loss")
+        ax_lr.set(title="Learning rate", xlabel="total step", ylabel="lr")
+        for ax in (ax_loss, ax_lr):
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize="small")
+        if title:
+            fig.suptitle(title)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100)
+        return atomic_write(path, buf.getvalue(), backup=False)
+
+    def close(self) -> None:
+        """Flush and close the history file (a temporary one is deleted)."""
+        with self._lock:
+            self._settle_means(everything=True)
+            if not self._history.closed:
+                self._history.close()
+
+    def __enter__(self) -> MetricsStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
