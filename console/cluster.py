@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import getpass
 import io
@@ -21,7 +22,7 @@ import json
 import math
 import re
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -675,8 +676,8 @@ def _parse(text: str, source: str) -> Any:
     raise ClusterConfigError([ConfigIssue(source, pos[0], pos[1], "", message)])
 
 
-def _read_text(path: Path, source: str) -> str:
-    """The text of a file, or a ClusterConfigError that says why it cannot be read."""
+def read_text(path: Path, source: str) -> str:
+    """The UTF-8 text of a file, or a ClusterConfigError (naming it ``source``) saying why not."""
     try:
         data = path.expanduser().read_bytes()
     except FileNotFoundError:
@@ -690,7 +691,10 @@ def _read_text(path: Path, source: str) -> str:
             return data.decode("utf-8")
         except UnicodeDecodeError as e:
             line = data[: e.start].count(b"\n") + 1
-            issue = ConfigIssue(source, line, None, "", f"not UTF-8 text (byte {e.start})")
+            col = e.start - data.rfind(b"\n", 0, e.start)
+            issue = ConfigIssue(
+                source, line, col, "", f"not UTF-8 text (byte {data[e.start]:#04x})"
+            )
             raise ClusterConfigError([issue]) from None
     raise ClusterConfigError([ConfigIssue(source, None, None, "", message)])
 
@@ -706,7 +710,7 @@ def load_cluster(path: str | Path) -> Cluster:
     Messages name the file as given: ``cluster.yaml:14:5: nodes[2].host: required``."""
     source = str(path)
     p = Path(path).expanduser()
-    return parse_cluster(_read_text(p, source), source, p)
+    return parse_cluster(read_text(p, source), source, p)
 
 
 def find_config(explicit: str | None) -> Path | None:
@@ -902,20 +906,28 @@ def export_hostfile(cluster: Cluster, gpus_per_node: Mapping[str, int] | None = 
     """A DeepSpeed hostfile for ``cluster``: one ``host slots=N`` line per node.
 
     Slots come from ``gpus_per_node[name]`` when given, else from the node's ``gpus``; a node
-    with no GPUs is left out (as a comment). ValueError if a node's count is unknown."""
+    with no GPUs is left out (as a comment). ClusterConfigError names a node whose count is
+    unknown."""
     lines = [f"# DeepSpeed hostfile for cluster {cluster.name} (svconsole hostfile export)"]
-    for node in cluster.nodes:
+    unknown: list[ConfigIssue] = []
+    for i, node in enumerate(cluster.nodes):
         if gpus_per_node is not None and node.name in gpus_per_node:
             slots = gpus_per_node[node.name]
         elif node.gpus is not None:
             slots = len(node.gpus)
         else:
-            raise ValueError(
-                f"node {node.name}: number of GPUs unknown (set gpus in cluster.yaml or give a count)"
+            message = "not set, so the number of slots is unknown (set it, or give a count)"
+            unknown.append(
+                ConfigIssue(
+                    str(cluster.path or "cluster"), node.line, None, f"nodes[{i}].gpus", message
+                )
             )
+            continue
         lines.append(
             f"{node.host} slots={slots}" if slots > 0 else f"# {node.host}: no GPUs ({node.name})"
         )
+    if unknown:
+        raise ClusterConfigError(unknown)
     return "\n".join(lines) + "\n"
 
 
@@ -934,7 +946,7 @@ class ClusterEditor:
         self.path = Path(path)
         self.source = str(path)
         if text is None:
-            text = _read_text(self.path.expanduser(), self.source)
+            text = read_text(self.path.expanduser(), self.source)
         mapping, sequence, offset = _guess_indent(text)
         self._yaml = _yaml()
         self._yaml.indent(mapping=mapping, sequence=sequence, offset=offset)
@@ -987,11 +999,12 @@ class ClusterEditor:
     def update_node(self, name: str, changes: Mapping[str, Any]) -> None:
         """Set keys of a node; a value of None removes the key."""
         item = self._nodes()[self._index(name)]
-        for key, value in changes.items():
-            if value is None:
-                item.pop(key, None)
-            else:
-                item[key] = _yaml_value(key, value)
+        with _comments_stay_after(item):
+            for key, value in changes.items():
+                if value is None:
+                    item.pop(key, None)
+                else:
+                    item[key] = _yaml_value(key, value)
 
     def remove_node(self, name: str) -> None:
         """Remove a node with the comments just above it; those after it stay in place."""
@@ -1018,10 +1031,11 @@ class ClusterEditor:
             if not isinstance(child, CommentedMap):
                 raise ValueError(f"{self.source}: {part} is not a mapping")
             mapping = child
-        if value is None:
-            mapping.pop(key, None)
-        else:
-            mapping[key] = value
+        with _comments_stay_after(mapping):
+            if value is None:
+                mapping.pop(key, None)
+            else:
+                mapping[key] = value
 
     def merge_hostfile(
         self,
@@ -1132,6 +1146,16 @@ def _take_following(mapping: Any) -> str:
     eol, _, following = token.value.partition("\n")
     token.value = eol + "\n"
     return following
+
+
+@contextlib.contextmanager
+def _comments_stay_after(mapping: Any) -> Iterator[None]:
+    """Keys added or removed at the end of ``mapping`` go before the comment lines after it."""
+    following = _take_following(mapping)
+    try:
+        yield
+    finally:
+        _give_following(mapping, following)
 
 
 def _give_following(mapping: Any, following: str) -> None:
