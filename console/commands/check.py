@@ -1,0 +1,134 @@
+"""``svconsole check [--json] [--strict]``: is every node ready to train, and are they the same?
+
+Probes every node in parallel (one round trip each: hardware, GPUs, the training Python and its
+torch/NCCL/DeepSpeed/FunASR versions, shared_dir, network), places each node in the guide's
+hardware tiers, compares the nodes, and prints a verdict per node and for the cluster with the
+reasons. Nodes that cannot be reached are shown with their last known facts (from the facts cache
+in the state directory) and count as not ready.
+
+Exit code: 0 when the cluster is ready or degraded (1 for degraded with ``--strict``), 1 when it
+is not ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from console.cli import EXIT_FAILED, EXIT_OK, Context
+
+if TYPE_CHECKING:
+    from console.cluster import Cluster
+    from console.inventory import Report
+    from console.pool import Pool
+
+#: Columns of the node table: header and how wide.
+COLUMNS = (("NODE", 10), ("HOST", 15), ("STATE", 12), ("GPUS", 22), ("DRIVER", 11),
+           ("CUDA", 6), ("TORCH/DS/FUNASR", 26), ("TIER", 13), ("VERDICT", 9))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "check",
+        help="readiness report of every node (exit 1 when the cluster is not ready)",
+        description="Probe every node, judge its hardware tier, compare the nodes' GPU, driver "
+        "and training stack versions, and print a verdict per node and for the cluster. "
+        "Exit code 1 when the cluster is not ready.",
+    )
+    parser.add_argument("--json", action="store_true",
+                        help="print the facts and the report as JSON")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 1 for a degraded cluster too")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="per node probe timeout (default 120)")
+    parser.set_defaults(func=handler)
+
+
+def collect(pool: Pool, cluster: Cluster, state_dir: Path | None = None,
+            timeout: float | None = None) -> tuple[dict, Report]:
+    """Probe every node (cached facts for the unreachable ones) and judge them."""
+    from console.inventory import assess
+    from console.probe import PROBE_TIMEOUT, FactsCache, probe_all
+
+    cache = FactsCache(state_dir, cluster.name) if state_dir is not None else None
+    facts = probe_all(pool, cluster, cache=cache, timeout=timeout or PROBE_TIMEOUT)
+    return facts, assess(cluster, facts)
+
+
+def facts_json(pool: Pool, cluster: Cluster, state_dir: Path | None = None,
+               timeout: float | None = None) -> dict[str, Any]:
+    """Facts and verdicts of every node, for ``svconsole nodes --json`` and ``check --json``:
+    ``{"cluster", "verdict", "reasons", "mismatches", "nodes": {name: {"facts", "verdict",
+    "reasons", "tier", "stale", "collected_at"}}}``."""
+    return report_json(*collect(pool, cluster, state_dir, timeout))
+
+
+def report_json(facts: dict, report: Report) -> dict[str, Any]:
+    """The report as JSON with each node's facts under ``nodes.<name>.facts``."""
+    doc = report.to_json()
+    for name, node in doc["nodes"].items():
+        node["facts"] = facts[name].to_json()
+    return doc
+
+
+def _state(report_node: Any, now: float) -> str:
+    from console.inventory import age_text
+
+    f = report_node.facts
+    if f.ok:
+        return "up"
+    if f.stale:
+        return f"stale {age_text(f.age(now))}"
+    return "unreachable"
+
+
+def _row(cluster: Cluster, name: str, rep: Any, now: float) -> list[str]:
+    from console.inventory import consistency_values
+
+    f = rep.facts
+    host = cluster.node(name).host if name in cluster.names() else "?"
+    if not (f.ok or f.stale):
+        return [name, host, _state(rep, now), "", "", "", "", "", rep.verdict.value]
+    v = {k: "-" if x == "missing" else x for k, x in consistency_values(f).items()}
+    gpus = f"{len(f.gpus)}x {v['gpu_model']}" if f.gpus else "none"
+    stack = "/".join(v[k] for k in ("torch", "deepspeed", "funasr"))
+    return [name, host, _state(rep, now), gpus, v["driver"], v["cuda"], stack,
+            rep.tier.tier if rep.tier else "", rep.verdict.value]
+
+
+def _cell(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "~"
+
+
+def render(cluster: Cluster, report: Report, out: TextIO, now: float | None = None) -> None:
+    """The readiness report as text: one row per node, the cluster verdict, the reasons."""
+    now = time.time() if now is None else now
+    print(" ".join(f"{h:<{w}}" for h, w in COLUMNS).rstrip(), file=out)
+    for name, rep in report.nodes.items():
+        cells = _row(cluster, name, rep, now)
+        print(" ".join(f"{_cell(c, w):<{w}}" for c, (_, w) in zip(cells, COLUMNS, strict=True))
+              .rstrip(), file=out)
+    print(f"\ncluster {report.cluster}: {report.verdict.value.upper()}", file=out)
+    for reason in report.reasons:
+        mark = {"ready": "note", "degraded": "warn", "not ready": "FAIL"}[reason.verdict.value]
+        print(f"  [{mark}] {reason.message}", file=out)
+    limits = [(n, r.tier) for n, r in report.nodes.items() if r.tier and r.tier.limited_by]
+    if limits:
+        print("\ntiers (field that sets each node's tier):", file=out)
+        for name, tier in limits:
+            print(f"  {name}: {tier.tier} (held by {', '.join(tier.limited_by)})", file=out)
+
+
+def handler(args: argparse.Namespace, ctx: Context) -> int:
+    from console.inventory import Verdict
+
+    facts, report = collect(ctx.pool, ctx.cluster, ctx.state_dir, args.timeout)
+    if args.json:
+        print(json.dumps(report_json(facts, report), indent=2), file=ctx.out)
+    else:
+        render(ctx.cluster, report, ctx.out)
+    failing = {Verdict.NOT_READY} | ({Verdict.DEGRADED} if args.strict else set())
+    return EXIT_FAILED if report.verdict in failing else EXIT_OK
