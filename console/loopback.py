@@ -292,11 +292,14 @@ def _answers_ssh(address: str, port: int, timeout: float) -> bool:
 class LoopbackCluster:
     """N real sshd processes on 127.0.1.1 .. 127.0.1.N, controlled from Python or from
     ``scripts/loopback-cluster`` (another process finds them through ``DIR/state.json``).
+    One object is driven from one thread at a time.
 
     ``base_port``: the port every node listens on (the addresses differ); ``None`` picks a free
     one. ``user``: who may log in (default: the current user; only root may name another).
     ``banner_nodes``: indices of nodes whose shell prints noise on every command (stdout and
-    stderr, before the command's own output)."""
+    stderr, before the command's own output). ``guard``: also start a small watchdog process
+    that stops the cluster when this process dies, even by SIGKILL (used by the test fixtures,
+    so that a killed test run leaves no sshd behind)."""
 
     def __init__(
         self,
@@ -306,11 +309,15 @@ class LoopbackCluster:
         user: str | None = None,
         banner_nodes: Iterable[int] = (),
         *,
+        guard: bool = False,
         start_timeout: float = 20.0,
     ) -> None:
         if not 1 <= n <= 254:
             raise LoopbackError(f"a loopback cluster has 1 to 254 nodes, not {n}")
         self.directory = Path(directory).resolve()
+        if re.search(r"[\s\"'#\\]", str(self.directory)):
+            raise LoopbackError(f"{self.directory}: choose a directory whose path has no spaces, "
+                                f"quotes, '#' or backslashes (it goes into sshd_config unquoted)")
         self.n = n
         self.port = base_port
         self._auto_port = base_port is None
@@ -320,6 +327,9 @@ class LoopbackCluster:
         if bad:
             raise LoopbackError(f"banner_nodes {bad} are not node indices 0..{n - 1}")
         self.start_timeout = start_timeout
+        self.guard = guard
+        self._guard: tuple[int, int] | None = None  # the watchdog (pid, start time)
+        self._guard_proc: subprocess.Popen[bytes] | None = None
         self.master_port: int | None = None
         self._sshd: str | None = None
         self._penalties = False  # OpenSSH >= 9.8 knows (and needs) PerSourcePenalties no
@@ -471,11 +481,13 @@ class LoopbackCluster:
         return [f"ForceCommand {node.banner_script}", f"Subsystem sftp {sftp}"]
 
     def _write_known_hosts(self) -> None:
+        """known_hosts with every node's first key (a key changed by change_host_key stays
+        unknown, even if up() runs again)."""
         lines = []
         for i in range(self.n):
             node = self.node(i)
-            key = " ".join(node.host_key.with_name(node.host_key.name + ".pub")
-                           .read_text().split()[:2])
+            first = node.original_host_key if node.original_host_key.exists() else node.host_key
+            key = " ".join(first.with_name(first.name + ".pub").read_text().split()[:2])
             host = node.address if node.port == 22 else f"[{node.address}]:{node.port}"
             lines.append(f"{host} {key}")
         _write(self.known_hosts, "\n".join(lines) + "\n")
@@ -495,7 +507,7 @@ class LoopbackCluster:
             f"  shared_dir: {self.shared_dir}\n"
             "  master: node0\n"
             f"  master_port: {self.master_port}\n"
-            f"  python: {sys.executable}\n"
+            f"  python: {json.dumps(sys.executable)}\n"
             "ssh:\n"
             f"  user: {self.user}\n"
             f"  port: {self.port}\n"
@@ -514,6 +526,7 @@ class LoopbackCluster:
             "n": self.n, "port": self.port, "auto_port": self._auto_port, "user": self.user,
             "banner_nodes": list(self.banner_nodes),
             "master_port": self.master_port, "sshd": self._sshd,
+            "guard": list(self._guard) if self._guard else None,
             "nodes": [{"name": f"node{i}", "state": self._states[i],
                        "pid": self._pids.get(i, (None, None))[0],
                        "start_time": self._pids.get(i, (None, None))[1]} for i in range(self.n)],
@@ -532,6 +545,8 @@ class LoopbackCluster:
                       state["user"], state["banner_nodes"])
         cluster.port, cluster.master_port = state["port"], state["master_port"]
         cluster._sshd = state["sshd"]
+        if state.get("guard") and cluster._is_guard(*state["guard"]):
+            cluster._guard = tuple(state["guard"])
         for i, entry in enumerate(state["nodes"]):
             cluster._states[i] = entry["state"]
             if entry["pid"] and cluster._is_listener(i, entry["pid"], entry["start_time"]):
@@ -544,6 +559,34 @@ class LoopbackCluster:
         cmdline = " ".join(_cmdline(pid)) + " "
         return _alive(pid, start_time) and f" -f {self.node(i).config} " in cmdline
 
+    def _is_guard(self, pid: int, start_time: int) -> bool:
+        cmdline = " ".join(_cmdline(pid)) + " "
+        return _alive(pid, start_time) and f" console.loopback guard {self.directory} " in cmdline
+
+    def _start_guard(self) -> None:
+        if self._guard and self._is_guard(*self._guard):
+            return
+        owner = os.getpid()
+        root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        with open(self.directory / "guard.log", "ab") as log:
+            self._guard_proc = subprocess.Popen(
+                [sys.executable, "-m", "console.loopback", "guard", str(self.directory),
+                 str(owner), str(_stat(owner)[2])],  # type: ignore[index]
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                start_new_session=True)
+        st = _stat(self._guard_proc.pid)
+        self._guard = (self._guard_proc.pid, st[2] if st else 0)
+
+    def _stop_guard(self) -> None:
+        if self._guard and self._guard[0] != os.getpid() and self._is_guard(*self._guard):
+            _signal(self._guard[0], signal.SIGKILL)
+        if self._guard_proc is not None:
+            self._guard_proc.wait(timeout=10)
+            self._guard_proc = None
+        self._guard = None
+
     def _listener(self, i: int) -> int | None:
         entry = self._pids.get(i)
         if entry and self._is_listener(i, *entry):
@@ -554,12 +597,19 @@ class LoopbackCluster:
     # -- starting and stopping ----------------------------------------------------------------
 
     def up(self) -> LoopbackCluster:
-        """Start every node that is not running and wait until each answers SSH.
+        """Start every node that is not running and wait until each answers SSH. Keys already in
+        the directory are kept; a cluster that another process left running there is stopped
+        first.
 
         Raises :class:`LoopbackError` with the sshd log tail if a node does not come up."""
+        if not self._pids and self.state_file.exists():
+            with contextlib.suppress(LoopbackError, KeyError, TypeError):
+                LoopbackCluster.load(self.directory).down()
         for attempt in range(5):
             self._prepare()
             try:
+                if self.guard:
+                    self._start_guard()
                 self._start([i for i in range(self.n) if self._listener(i) is None])
                 return self
             except PortInUse:
@@ -638,6 +688,7 @@ class LoopbackCluster:
         for i in range(self.n):
             self._stop_tree(i)
             self._states[i] = "down"
+        self._stop_guard()
         if self.state_file.parent.exists():
             self._save()
 
@@ -739,6 +790,15 @@ def _indices(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"not a list of node indices: {text!r}") from None
 
 
+def _guard(directory: Path, owner: int, owner_start_time: int) -> int:
+    """The watchdog behind ``guard=True``: wait until the owner process is gone, then stop the
+    cluster. The owner's own ``down()`` ends the watchdog first."""
+    while _alive(owner, owner_start_time):
+        time.sleep(0.5)
+    LoopbackCluster.load(directory).down()
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="loopback-cluster",
@@ -763,19 +823,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         p = sub.add_parser(name, help=helptext)
         p.add_argument("dir", type=Path)
         p.add_argument("node", type=int, help="node index (0-based)")
+    p_guard = sub.add_parser("guard", help=argparse.SUPPRESS)
+    p_guard.add_argument("dir", type=Path)
+    p_guard.add_argument("owner", type=int)
+    p_guard.add_argument("owner_start_time", type=int)
     args = parser.parse_args(argv)
+    if args.command == "guard":
+        return _guard(args.dir, args.owner, args.owner_start_time)
     try:
         if args.command == "up":
             cluster = LoopbackCluster(args.dir, args.n, args.port or None, args.user, args.banner)
-            if cluster.state_file.exists():
-                LoopbackCluster.load(args.dir).down()  # same dir: replace what ran there
             cluster.up()
             print(cluster.cluster_yaml)
             print(f"{args.n} nodes up on 127.0.1.1..127.0.1.{args.n} port {cluster.port} "
                   f"(user {cluster.user}).\n"
                   f"  svconsole --config {cluster.cluster_yaml}\n"
                   f"  {' '.join(cluster.ssh_argv(0, 'hostname'))}\n"
-                  f"  {sys.argv[0]} down {cluster.directory}", file=sys.stderr)
+                  f"  scripts/loopback-cluster down {cluster.directory}", file=sys.stderr)
             return 0
         cluster = LoopbackCluster.load(args.dir)
         if args.command == "down":

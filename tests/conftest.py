@@ -10,8 +10,8 @@ Loopback cluster (real OpenSSH sshd processes on 127.0.1.x, see console/loopback
 - ``fresh_loopback`` (function scope): a factory ``fresh_loopback(n=2, banner_nodes=()) ->
   LoopbackCluster`` for a private cluster, already up, stopped after the test.
 
-Every sshd is stopped at the end of the session, and at interpreter exit if a teardown did not
-run. SSH tests are skipped only when no sshd binary is installed.
+Every sshd is stopped at the end of the session, at interpreter exit if a teardown did not run,
+and by a watchdog process if pytest itself is killed. SSH tests are skipped only when no sshd binary is installed.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _stop_all_loopback() -> None:
 def _start(directory, n: int, banner_nodes: tuple[int, ...]) -> LoopbackCluster:
     if find_sshd() is None:
         pytest.skip("no sshd binary: install openssh-server (apt-get install openssh-server)")
-    cluster = LoopbackCluster(directory, n, base_port=None, banner_nodes=banner_nodes)
+    cluster = LoopbackCluster(directory, n, base_port=None, banner_nodes=banner_nodes, guard=True)
     _running.append(cluster)
     try:
         cluster.up()

@@ -202,6 +202,7 @@ def test_hang_then_restart(loopback: LoopbackCluster) -> None:
 def test_changed_host_key_is_refused_then_reset(loopback: LoopbackCluster) -> None:
     known_before = loopback.known_hosts.read_text()
     loopback.change_host_key(3)
+    loopback.up()  # idempotent: all run; known_hosts keeps the first keys
     assert loopback.known_hosts.read_text() == known_before
     res = ssh(loopback, 3, "true")
     assert res.returncode == 255
@@ -223,6 +224,26 @@ def test_down_leaves_nothing_running_and_is_idempotent(fresh_loopback) -> None:
     state = json.loads(cluster.state_file.read_text())
     assert [n["state"] for n in state["nodes"]] == ["down", "down"]
     assert cluster.node(0).log.read_text()  # kept for inspection
+
+
+def test_up_again_in_the_same_directory_replaces_the_old_cluster(tmp_path: Path) -> None:
+    first = LoopbackCluster(tmp_path, 2, base_port=None)
+    first.up()
+    old = sshd_processes_of(first)
+    known = first.known_hosts.read_text().splitlines()
+    second = LoopbackCluster(tmp_path, 1, base_port=None)
+    try:
+        second.up()  # another object (another process, say): stops the old nodes first
+        assert not set(old) & set(sshd_processes_of(second))
+        assert len(sshd_processes_of(second)) == 1
+        assert second.known_hosts.read_text().splitlines() == known[:1] or (
+            second.port != first.port
+            and second.known_hosts.read_text().split()[1:] == known[0].split()[1:])
+        assert ssh(second, 0, "echo ok").stdout == "ok\n"
+    finally:
+        second.down()
+        first.down()
+    assert sshd_processes_of(first) == []
 
 
 def test_never_kills_a_process_that_is_not_its_own(tmp_path: Path) -> None:
@@ -314,3 +335,73 @@ def test_heal_restarts_a_node_killed_from_outside(fresh_loopback) -> None:
     assert wait_until(lambda: not cluster.status()[0]["answers"])
     cluster.heal()
     assert ssh(cluster, 0, "echo ok").stdout == "ok\n"
+
+
+def test_cluster_yaml_is_valid_for_svconsole(loopback: LoopbackCluster) -> None:
+    from console.cluster import load_cluster
+
+    cluster = load_cluster(loopback.cluster_yaml)
+    assert cluster.names() == loopback.nodes
+    assert [(n.host, n.port) for n in cluster.nodes] == [
+        (loopback.node(i).address, loopback.port) for i in range(loopback.n)]
+    assert cluster.master_node.role == "head"
+    assert cluster.ssh.host_key_policy == "strict"
+    assert cluster.python == sys.executable
+
+
+def test_guard_stops_the_cluster_when_its_owner_is_killed(tmp_path: Path) -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from console.loopback import LoopbackCluster; "
+         f"LoopbackCluster({str(tmp_path)!r}, 2, None, guard=True).up(); "
+         "print('up', flush=True); time.sleep(60)"],
+        cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline() == "up\n"
+        cluster = LoopbackCluster.load(tmp_path)
+        guard = json.loads(cluster.state_file.read_text())["guard"]
+        assert len(sshd_processes_of(cluster)) == 2
+    finally:
+        owner.kill()
+        owner.wait()
+    assert wait_until(lambda: sshd_processes_of(cluster) == [], timeout=10)
+    assert wait_until(lambda: _stat(guard[0]) is None or _stat(guard[0])[0] == "Z")
+
+
+def _ordinary_user() -> str | None:
+    import pwd
+
+    for entry in pwd.getpwall():
+        if entry.pw_uid >= 1000 and entry.pw_shell.endswith(("/bash", "/sh")):
+            return entry.pw_name
+    return None
+
+
+@pytest.mark.skipif(os.getuid() != 0 or _ordinary_user() is None,
+                    reason="needs root and an ordinary user with a shell to switch to")
+def test_runs_as_an_ordinary_user() -> None:
+    """Started by an ordinary user, sshd logs in that user (and no one else)."""
+    import pwd
+    import shutil
+    import tempfile
+
+    user = pwd.getpwnam(_ordinary_user())
+    directory = Path(tempfile.mkdtemp(prefix="svconsole-loopback-user-"))  # pytest's is 0700
+    os.chown(directory, user.pw_uid, user.pw_gid)
+    as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
+               "env", f"HOME={user.pw_dir}"]
+    script = str(REPO / "scripts" / "loopback-cluster")
+    up = subprocess.run([*as_user, script, "up", "1", str(directory), "--port", "0"],
+                        capture_output=True, text=True, timeout=60)
+    try:
+        assert up.returncode == 0, up.stderr
+        cluster = LoopbackCluster.load(directory)
+        assert cluster.user == user.pw_name
+        assert "PermitRootLogin" not in cluster.node(0).config.read_text()
+        assert ssh(cluster, 0, "whoami").stdout == f"{user.pw_name}\n"
+    finally:
+        down = subprocess.run([*as_user, script, "down", str(directory)], timeout=30)
+        leftover = sshd_processes_of(LoopbackCluster.load(directory))
+        shutil.rmtree(directory)
+    assert down.returncode == 0
+    assert leftover == []
