@@ -318,3 +318,39 @@ def test_hung_node_is_marked_stale_within_two_intervals(fresh_loopback):
                        "samples to flow again")
         finally:
             c.stop()
+
+
+# ------------------------------------------------------------------------------------- the CLI
+
+
+def test_gpus_command_once_json_over_ssh(loopback, capsys):
+    from console import cli
+
+    rc = cli.main(["--config", str(loopback.cluster_yaml), "gpus", "--json", "--once",
+                   "--nodes", "node1,node2", "--interval", "0.2", "--simulate",
+                   str(FIXTURES / "nvml.json"), "--sim-gpus", "2"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert set(out["nodes"]) == {"node1", "node2"}
+    for rec in out["nodes"].values():
+        assert rec["status"] == "live" and rec["simulated"] and rec["source"] == "simulated"
+        assert [g["name"] for g in rec["gpus"]] == ["NVIDIA H200"] * 2
+    assert out["overview"]["gpus_total"] == 4 and out["overview"]["simulated"] is True
+
+
+def test_gpus_command_text_says_no_gpu_plainly(loopback, capsys):
+    from console import cli
+
+    rc = cli.main(["--config", str(loopback.cluster_yaml), "gpus", "--nodes", "node0",
+                   "--interval", "0.2"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "node0" in out and "no GPU: NVML: NVMLError_LibraryNotFound" in out
+    assert "0/0 GPUs in use" in out and "SIMULATED" not in out
+
+
+def test_gpus_command_rejects_unknown_nodes(loopback, capsys):
+    from console import cli
+
+    assert cli.main(["--config", str(loopback.cluster_yaml), "gpus", "--nodes", "node9"]) == 2
+    assert "unknown node(s) node9" in capsys.readouterr().err
