@@ -803,7 +803,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="loopback-cluster",
         description="A real cluster of sshd processes on 127.0.1.1 .. 127.0.1.N to try svconsole.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p_up = sub.add_parser("up", help="start N nodes (again) in DIR")
     p_up.add_argument("n", type=int)
     p_up.add_argument("dir", nargs="?", type=Path, default=DEFAULT_DIR)
@@ -823,7 +823,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p = sub.add_parser(name, help=helptext)
         p.add_argument("dir", type=Path)
         p.add_argument("node", type=int, help="node index (0-based)")
-    p_guard = sub.add_parser("guard", help=argparse.SUPPRESS)
+    p_guard = sub.add_parser("guard")  # the watchdog of guard=True; not listed in --help
     p_guard.add_argument("dir", type=Path)
     p_guard.add_argument("owner", type=int)
     p_guard.add_argument("owner_start_time", type=int)
