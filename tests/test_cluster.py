@@ -637,7 +637,7 @@ def test_hostfile_command_export(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------ fuzz
 
-FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=70, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def load_or_config_error(text: str) -> None:
@@ -692,15 +692,45 @@ YAML_BITS = st.sampled_from(
 )
 
 
-@FUZZ
-@given(
-    st.lists(
-        st.tuples(st.integers(0, len(EXAMPLE_TEXT)), st.integers(0, 20), YAML_BITS), max_size=6
-    )
+EDITS = st.lists(
+    st.tuples(st.integers(0, len(EXAMPLE_TEXT)), st.integers(0, 20), YAML_BITS), max_size=6
 )
-def test_fuzz_mutated_example(edits: list[tuple[int, int, str]]) -> None:
+
+
+def mutated_example(edits: list[tuple[int, int, str]]) -> str:
+    """The example with each (position, characters cut, text inserted) edit applied."""
     text = EXAMPLE_TEXT
     for at, cut, insert in edits:
         at = min(at, len(text))
         text = text[:at] + insert + text[at + cut :]
-    load_or_config_error(text)
+    return text
+
+
+@FUZZ
+@given(EDITS)
+def test_fuzz_mutated_example(edits: list[tuple[int, int, str]]) -> None:
+    load_or_config_error(mutated_example(edits))
+
+
+@FUZZ
+@given(EDITS)
+def test_fuzz_editor(edits: list[tuple[int, int, str]]) -> None:
+    try:
+        editor = ClusterEditor("cluster.yaml", text=mutated_example(edits))
+    except ClusterConfigError:
+        return
+    editor.set("cluster.master_port", 29500)
+    assert all(str(i).startswith("cluster.yaml") for i in editor.validate())
+
+
+def test_svconsole_hostfile_export_through_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from console.cli import main
+
+    assert main(["--config", str(EXAMPLE), "hostfile", "export"]) == 0
+    assert import_hostfile(capsys.readouterr().out) == [("192.168.1.100", 4), ("192.168.1.101", 4)]
+    bad = tmp_path / "cluster.yaml"
+    bad.write_text(ISSUE_EXAMPLE)
+    assert main(["--config", str(bad), "hostfile", "export"]) == 2
+    assert capsys.readouterr().err == f"svconsole: {bad}:14:5: nodes[2].host: required\n"
