@@ -398,6 +398,7 @@ class Collector:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._stream: Any = None
+        self._given_up: Any = None    # the silent stream check() cancelled
         self._started_at = 0.0
         self._threads: list[threading.Thread] = []
 
@@ -551,7 +552,9 @@ class Collector:
             self._set_status(NodeStatus.STALE, f"no sample for {now - last:.1f} s")
         silent_since = max(last or 0.0, self._started_at)
         stream = self._stream
-        if stream is not None and silent_since and now - silent_since > self.restart_after:
+        if (stream is not None and stream is not self._given_up and silent_since
+                and now - silent_since > self.restart_after):
+            self._given_up = stream
             self._set_status(NodeStatus.STALE, f"no sample for {now - silent_since:.0f} s: restarting the agent")
             stream.cancel()
 

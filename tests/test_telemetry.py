@@ -298,12 +298,13 @@ def test_killed_node_goes_stale_then_comes_back(fresh_loopback):
         assert NodeStatus.STARTING in after_kill          # then it tried again
 
 
-def test_hung_node_is_marked_stale_within_two_intervals(fresh_loopback):
+def test_hung_node_is_marked_stale_then_its_agent_is_replaced(fresh_loopback):
     lb = fresh_loopback(2)
     cluster = load_cluster(lb.cluster_yaml)
-    interval = 0.25
+    interval = unique_interval()
     with Pool(cluster) as pool:
-        c = Collector(pool, "node1", interval=interval, python=cluster.python)
+        c = Collector(pool, "node1", interval=interval, python=cluster.python, restart_after=1.5,
+                      max_backoff=0.5)
         stale = threading.Event()
         c.subscribe(lambda u: u.status == NodeStatus.STALE and stale.set())
         c.start()
@@ -313,11 +314,15 @@ def test_hung_node_is_marked_stale_within_two_intervals(fresh_loopback):
             last = c.latest.received
             assert stale.wait(2 * interval + 1.0)
             assert time.time() - last <= 2 * interval + 1.0 and c.status == NodeStatus.STALE
+            wait_until(lambda: c.status == NodeStatus.DOWN, 10, "the silent stream to be given up")
             lb.resume(1)
-            wait_until(lambda: c.status == NodeStatus.LIVE and c.latest.received > last, 10,
-                       "samples to flow again")
+            wait_until(lambda: c.status == NodeStatus.LIVE and c.agent_starts >= 2, 20,
+                       "a new agent after the node came back")
+            # the frozen agent saw its channel closed when it thawed: only the new one is left
+            wait_until(lambda: len(agent_pids(f"--interval {interval}")) == 1, 5, "one agent")
         finally:
             c.stop()
+        wait_until(lambda: agent_pids(f"--interval {interval}") == [], 5, "no agent after stop")
 
 
 # ------------------------------------------------------------------------------------- the CLI
