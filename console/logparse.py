@@ -21,6 +21,7 @@ are floats like any other; a value that is not a number at all becomes ``None``.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import re
 from collections.abc import Iterable, Iterator
@@ -42,10 +43,13 @@ _DEEPSPEED_PREFIX = re.compile(
 # --- FunASR lines ---------------------------------------------------------------------------
 
 _STEP_TAG = re.compile(r"^(train|val), ")
+#: The header as FunASR 1.4 writes it; other orders and older variants go through _STEP_FIELD.
+_STEP_HEADER = re.compile(
+    r"^(?:train|val), rank: (-?\d+), epoch: (-?\d+)/(-?\d+), data_slice: (-?\d+)/(-?\d+), "
+    r"step_in_slice: (-?\d+)/(-?\d+), step_in_epoch: (-?\d+), total step: (-?\d+)")
 _STEP_FIELD = re.compile(
     r"(rank|epoch|data_slice|step_in_slice|step_in_epoch|total step): (-?\d+)(?:/(-?\d+))?")
 _PAREN_VALUE = re.compile(r"\((\w+): ([^()]*)\)")
-_STATS_LIST = re.compile(r"\[(\('[^']*', [^()]*\)(?:, \('[^']*', [^()]*\))*)\]")
 _STATS_PAIR = re.compile(r"\('([^']*)', ([^()]*)\)")
 _TIMINGS = re.compile(r"\{('[^']*': '[^']*'(?:, '[^']*': '[^']*')*)\}")
 _TIMING_PAIR = re.compile(r"'([^']*)': '([^']*)'")
@@ -96,9 +100,16 @@ def _to_int(text: str | None) -> int | None:
 
 
 def _parse_time(text: str) -> float | None:
-    """A log timestamp (the node's local time, no zone in the log) as POSIX seconds."""
+    """A log timestamp ``2026-11-30 00:15:55,439`` (the node's local time, no zone in the log)
+    as POSIX seconds."""
+    second = _parse_second(text[:19])
+    return None if second is None else second + int(text[20:23]) / 1000.0
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_second(text: str) -> float | None:
     try:
-        return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        return datetime.strptime(text, "%Y-%m-%d %H:%M:%S").timestamp()
     except ValueError:
         return None
 
@@ -335,17 +346,31 @@ def _strip_prefixes(text: str) -> tuple[str, dict[str, Any]]:
     return text, meta
 
 
-def _parse_step(tag: str, message: str, meta: dict[str, Any]) -> StepEvent | None:
+def _step_header(message: str) -> dict[str, tuple[int | None, int | None]]:
+    m = _STEP_HEADER.match(message)
+    if m:
+        g = [int(x) for x in m.groups()]
+        return {"rank": (g[0], None), "epoch": (g[1], g[2]), "data_slice": (g[3], g[4]),
+                "step_in_slice": (g[5], g[6]), "step_in_epoch": (g[7], None),
+                "total step": (g[8], None)}
     header: dict[str, tuple[int | None, int | None]] = {}
-    for m in _STEP_FIELD.finditer(message):
+    end = message.find("(loss_avg")
+    for m in _STEP_FIELD.finditer(message, 0, end if end > 0 else len(message)):
         header.setdefault(m.group(1), (_to_int(m.group(2)), _to_int(m.group(3))))
+    return header
+
+
+def _parse_step(tag: str, message: str, meta: dict[str, Any]) -> StepEvent | None:
+    header = _step_header(message)
     if "total step" not in header and "step_in_epoch" not in header:
         return None
     values = {m.group(1): to_float(m.group(2)) for m in _PAREN_VALUE.finditer(message)}
     stats: dict[str, float | None] = {}
-    m = _STATS_LIST.search(message)
-    if m:
-        stats = {k: to_float(v) for k, v in _STATS_PAIR.findall(m.group(1))}
+    start = message.find("[('")
+    if start >= 0:
+        end = message.find(")]", start)
+        end = len(message) if end < 0 else end + 1
+        stats = {k: to_float(v) for k, v in _STATS_PAIR.findall(message, start, end)}
     timings: dict[str, float | None] = {}
     m = _TIMINGS.search(message)
     if m:
@@ -487,14 +512,15 @@ class LogParser:
         start = 0
         buf = self._partial
         while True:
-            end = buf.find(b"\n", start)
-            if end < 0:
-                if len(buf) - start > self.max_line:
-                    end = start + self.max_line - 1  # cut: the piece counts as a whole line
-                else:
-                    break
-            events.append(self._line(bytes(buf[start:end]), end + 1 - start))
-            start = end + 1
+            end = buf.find(b"\n", start, start + self.max_line + 1)
+            if end >= 0:
+                events.append(self._line(bytes(buf[start:end]), end + 1 - start))
+                start = end + 1
+            elif len(buf) - start > self.max_line:  # cut: the piece counts as a whole line
+                events.append(self._line(bytes(buf[start:start + self.max_line]), self.max_line))
+                start += self.max_line
+            else:
+                break
         del buf[:start]
         return events
 
