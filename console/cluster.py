@@ -545,10 +545,9 @@ def _check_document(doc: Any, source: str, path: Path | None) -> Cluster:
         for name, spec in (("cluster", _CLUSTER_FIELDS), ("ssh", _SSH_FIELDS))
     }
     ssh = SSHSettings(**sections["ssh"])
-    nodes = _check_nodes(c, doc, ssh)
+    nodes, names = _check_nodes(c, doc, ssh)
     conf = sections["cluster"]
-    master = conf.get("master")
-    names = [n.name for n in nodes]
+    master = conf.pop("master", None)
     if master is not None and master not in names and names:
         close = difflib.get_close_matches(master, names, n=1)
         hint = f"did you mean {close[0]}?" if close else f"nodes: {', '.join(names)}"
@@ -562,25 +561,21 @@ def _check_document(doc: Any, source: str, path: Path | None) -> Cluster:
     if master is None:
         master = next((n.name for n in nodes if n.role == "head"), nodes[0].name)
     conf.setdefault("name", _default_name(path))
-    return Cluster(
-        nodes=tuple(nodes),
-        master=master,
-        ssh=ssh,
-        path=path,
-        **{k: v for k, v in conf.items() if k != "master"},
-    )
+    return Cluster(nodes=tuple(nodes), master=master, ssh=ssh, path=path, **conf)
 
 
-def _check_nodes(c: _Checker, doc: Mapping[str, Any], ssh: SSHSettings) -> list[Node]:
-    """Check ``nodes:``; return the nodes that are valid on their own."""
+def _check_nodes(
+    c: _Checker, doc: Mapping[str, Any], ssh: SSHSettings
+) -> tuple[list[Node], list[str]]:
+    """Check ``nodes:``; return the nodes that are valid, and every node name declared."""
     raw = doc.get("nodes")
     if raw is None:
         c.add(_key_pos(doc, "nodes") if "nodes" in doc else _own_pos(doc), "nodes", "required")
-        return []
+        return [], []
     if not isinstance(raw, list) or not raw:
         got = "an empty list" if isinstance(raw, list) else _describe(raw)
         c.add(_value_pos(doc, "nodes"), "nodes", f"must list at least one node, got {got}")
-        return []
+        return [], []
     nodes: list[Node] = []
     seen_names: dict[str, int] = {}
     seen_addresses: dict[tuple[str, int], int] = {}
@@ -646,7 +641,7 @@ def _check_nodes(c: _Checker, doc: Mapping[str, Any], ssh: SSHSettings) -> list[
                     line=_own_pos(item)[0],
                 )
             )
-    return nodes
+    return nodes, list(seen_names)
 
 
 # --------------------------------------------------------------------------------------------

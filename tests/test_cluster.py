@@ -233,6 +233,11 @@ BAD_INPUTS = [
         ["cluster.yaml:2:5: nodes[0]: must be a mapping with name and host, got 'node0'"],
     ),
     (
+        # a master that is a node with problems of its own is not "not a node"
+        "cluster:\n  master: b\n" + MINIMAL + "  - name: b\n    host: h\n    role: x\n",
+        ["cluster.yaml:8:11: nodes[1].role: must be head or worker, got 'x'"],
+    ),
+    (
         # every problem is reported, in file order
         "ssh:\n  port: 0\n  usr: x\nnodes:\n  - name: a\n  - name: a\n    host: h\n    role: x\n",
         [
