@@ -38,6 +38,9 @@ from console.cluster import Cluster, Node
 from console.hostkeys import AcceptedKey, HostKeyUnknown, KnownHosts, changed_reason
 
 log = logging.getLogger(__name__)
+# paramiko logs every failed handshake with a traceback; without this, Python's last-resort
+# handler would print them on stderr of a CLI or TUI that configured no logging.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 READ_SIZE = 65536
 MAX_LINE = 1 << 20
@@ -288,37 +291,37 @@ class _LocalProcess(_Process):
 
 
 class _LineSplitter:
-    """Splits a byte stream into text lines, keeping at most MAX_LINE bytes of a partial line."""
+    """Splits a byte stream into text lines. At most MAX_LINE bytes of a line are kept: a longer
+    line is cut there (and marked) when its end arrives."""
 
     def __init__(self) -> None:
         self.partial = bytearray()
-        self.skipping = False  # inside an over-long line whose head was already emitted
+        self.cut = False
 
     def feed(self, data: bytes) -> list[str]:
         lines: list[str] = []
         start = 0
         while True:
             end = data.find(b"\n", start)
-            piece = data[start:] if end < 0 else data[start:end]
-            if not self.skipping:
-                self.partial += piece[: MAX_LINE - len(self.partial)]
-                if len(self.partial) >= MAX_LINE and end < 0:
-                    lines.append(self._take() + " [line cut at 1 MiB]")
-                    self.skipping = True
+            stop = len(data) if end < 0 else end
+            room = MAX_LINE - len(self.partial)
+            if stop - start > room:
+                self.cut = True
+            self.partial += data[start : start + max(0, min(room, stop - start))]
             if end < 0:
                 return lines
-            if self.skipping:
-                self.skipping = False
-            else:
-                lines.append(self._take())
+            lines.append(self._take())
             start = end + 1
 
     def flush(self) -> list[str]:
-        return [self._take()] if self.partial and not self.skipping else []
+        return [self._take()] if self.partial or self.cut else []
 
     def _take(self) -> str:
         text = self.partial.decode("utf-8", errors="replace").removesuffix("\r")
+        if self.cut:
+            text += " [line cut at 1 MiB]"
         self.partial.clear()
+        self.cut = False
         return text
 
 
@@ -346,7 +349,7 @@ class Stream:
         self._process = process
         self._deadline = deadline
         self._cancelled = threading.Event()
-        self._started = False
+        self._lines: Iterator[Line] | None = None
         self._redact = secret
 
     @property
@@ -354,9 +357,12 @@ class Stream:
         return self._cancelled.is_set()
 
     def __iter__(self) -> Iterator[Line]:
-        if self._started:
-            raise RuntimeError("a Stream can be iterated only once")
-        self._started = True
+        """The lines; iterating again continues where the last iteration stopped."""
+        if self._lines is None:
+            self._lines = self._generate()
+        return self._lines
+
+    def _generate(self) -> Iterator[Line]:
         process = self._process
         if process is None:
             return
@@ -933,9 +939,12 @@ class Pool:
         except paramiko.ChannelException:
             pass  # refused (e.g. MaxSessions reached): the server answered, so it is alive
         except (paramiko.SSHException, EOFError, OSError) as exc:
+            if transport.is_active():
+                reason = f"no reply within {deadline:g}s"
+            else:
+                reason = f"connection lost ({exc or type(exc).__name__})"
             self._drop(peer, only=conn)
-            alive = "connection lost" if not transport.is_active() else f"no reply within {deadline:g}s"
-            self._set_status(peer, NodeState.DOWN, f"{alive} ({exc})" if alive == "connection lost" else alive)
+            self._set_status(peer, NodeState.DOWN, reason)
             return self.status(node)
         self._set_status(peer, NodeState.UP, "", rtt=time.monotonic() - started)
         return self.status(node)

@@ -1,0 +1,54 @@
+"""``svconsole nodes [--json]``: each node's SSH connection state, checked now.
+
+Every node is probed in parallel through the pool (connect if needed, one round trip within the
+cluster's ``connect_timeout``). The table shows the state (up, unreachable, auth failed, unknown
+host key, host key changed), the round-trip time and the error text. Exit code 0 only if every
+node is up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from console.cli import EXIT_FAILED, EXIT_OK, Context
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "nodes",
+        help="show each node's connection state",
+        description="Connect to every node (in parallel) and show its state, round-trip time and "
+        "error. Exit code 0 only if all nodes are up.",
+    )
+    parser.add_argument("--json", action="store_true",
+                        help="print {node: {host, port, state, error, rtt_ms}} as JSON")
+    parser.set_defaults(func=handler)
+
+
+def handler(args: argparse.Namespace, ctx: Context) -> int:
+    from console.pool import NodeState
+
+    cluster = ctx.cluster
+    statuses = ctx.pool.ping_all(deadline=cluster.ssh.connect_timeout)
+    rows = {}
+    for node in cluster.nodes:
+        status = statuses[node.name]
+        rows[node.name] = {
+            "host": "local" if node.local else node.host,
+            "port": None if node.local else node.port,
+            "state": status.state.label,
+            "error": status.reason,
+            "rtt_ms": None if status.rtt is None else round(status.rtt * 1000, 2),
+        }
+    if args.json:
+        print(json.dumps(rows, indent=2), file=ctx.out)
+    else:
+        width = max(len(name) for name in rows)
+        for name, row in rows.items():
+            where = row["host"] if row["port"] is None else f"{row['host']}:{row['port']}"
+            rtt = "" if row["rtt_ms"] is None else f"{row['rtt_ms']:.1f} ms"
+            line = f"{name:<{width}} {row['state']:<16} {rtt:>9}  {where}"
+            print(f"{line}  {row['error']}".rstrip(), file=ctx.out)
+    up = sum(s.state == NodeState.UP for s in statuses.values())
+    return EXIT_OK if up == len(statuses) else EXIT_FAILED

@@ -1,0 +1,360 @@
+"""The SSH session pool against real sshd processes (console/loopback.py), no mocks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from console import cli
+from console.cluster import Cluster, Node, load_cluster
+from console.loopback import LoopbackCluster
+from console.pool import MAX_LINE, Line, NodeState, NodeStatus, Pool, _LineSplitter
+
+
+def cluster_of(lb: LoopbackCluster, **ssh: object) -> Cluster:
+    """The harness's cluster.yaml, loaded, with some ``ssh:`` settings changed."""
+    cluster = load_cluster(lb.cluster_yaml)
+    return dataclasses.replace(cluster, ssh=dataclasses.replace(cluster.ssh, **ssh))
+
+
+def local_cluster(name: str = "here") -> Cluster:
+    return Cluster(name="local", nodes=(Node(name=name, host="localhost", local=True),))
+
+
+def _hex(address: str, port: int) -> str:
+    """An IPv4 endpoint as /proc/net/tcp writes it (address bytes little-endian)."""
+    return "".join(f"{int(o):02X}" for o in reversed(address.split("."))) + f":{port:04X}"
+
+
+def established(local: tuple[str, int] | None = None,
+                remote: tuple[str, int] | None = None) -> list[int]:
+    """Socket inodes of ESTABLISHED TCP connections with that local and/or remote endpoint."""
+    found = []
+    for row in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = row.split()
+        if fields[3] != "01":
+            continue
+        if local and fields[1] != _hex(*local):
+            continue
+        if remote and fields[2] != _hex(*remote):
+            continue
+        found.append(int(fields[9]))
+    return found
+
+
+def own_sockets() -> set[int]:
+    """Inodes of the sockets this test process holds."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def endpoint(lb: LoopbackCluster, i: int) -> tuple[str, int]:
+    node = lb.node(i)
+    return node.address, node.port
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def test_fan_out_to_eight_nodes(fresh_loopback) -> None:
+    lb = fresh_loopback(8)
+    with Pool(cluster_of(lb)) as pool:
+        results = pool.run_all('echo "$SSH_CONNECTION"; echo to-stderr >&2; exit 7')
+        assert list(results) == lb.nodes
+        for i, name in enumerate(lb.nodes):
+            r = results[name]
+            assert r.error is None, r
+            assert r.exit == 7 and not r.ok
+            # SSH_CONNECTION = client_ip client_port server_ip server_port: this node's sshd
+            assert r.stdout.split()[2:] == [lb.node(i).address, str(lb.node(i).port)]
+            assert r.stderr == "to-stderr\n"
+        assert {pool.connection_count(n) for n in lb.nodes} == {1}
+        again = list(pool.iter_run_all("hostname", nodes=["node3", "node5"]))
+        assert sorted(r.node for r in again) == ["node3", "node5"] and all(r.ok for r in again)
+        assert {pool.connection_count(n) for n in lb.nodes} == {1}
+
+
+def test_many_callers_share_one_connection_per_node(loopback) -> None:
+    callers = 50
+    barrier = threading.Barrier(callers)
+    outputs: dict[int, str] = {}
+
+    with Pool(cluster_of(loopback)) as pool:
+        def caller(i: int) -> None:
+            barrier.wait()  # everybody races to open the connections at once
+            r = pool.run(f"node{i % loopback.n}", f"echo {i}", timeout=60)
+            outputs[i] = r.stdout.splitlines()[-1] if r.ok else f"failed: {r}"  # node2: banner
+
+        threads = [threading.Thread(target=caller, args=(i,)) for i in range(callers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert outputs == {i: str(i) for i in range(callers)}
+        mine = own_sockets()
+        for i, name in enumerate(loopback.nodes):
+            assert pool.connection_count(name) == 1
+            # server side: sshd holds exactly one connection; client side: it is ours
+            assert len(established(local=endpoint(loopback, i))) == 1
+            assert len(mine & set(established(remote=endpoint(loopback, i)))) == 1
+    for i in range(loopback.n):  # close() really closed them
+        wait_for(lambda i=i: not established(remote=endpoint(loopback, i)), 5, "closed sockets")
+
+
+def test_stream_delivers_lines_as_they_arrive(loopback) -> None:
+    with Pool(cluster_of(loopback)) as pool:
+        started = time.monotonic()
+        arrivals: list[tuple[float, Line]] = []
+        with pool.stream("node1", "echo a; echo oops >&2; sleep 2; echo b") as stream:
+            for line in stream:
+                arrivals.append((time.monotonic() - started, line))
+        total = time.monotonic() - started
+        assert [(ln.fd, ln.text) for _, ln in arrivals] == [("out", "a"), ("err", "oops"), ("out", "b")]
+        assert all(ln.node == "node1" for _, ln in arrivals)
+        assert arrivals[0][0] < total - 1.5  # "a" came long before the command ended
+        assert stream.exit == 0 and stream.error is None
+
+
+def test_stream_cancel_from_another_thread(loopback) -> None:
+    with Pool(cluster_of(loopback)) as pool:
+        stream = pool.stream("node0", "echo started; sleep 30; echo never")
+        lines = []
+        cancelled_at: list[float] = []
+
+        def cancel() -> None:
+            cancelled_at.append(time.monotonic())
+            stream.cancel()
+
+        for line in stream:
+            lines.append(line.text)
+            threading.Timer(0.2, cancel).start()
+        ended = time.monotonic()
+        assert lines == ["started"]
+        assert ended - cancelled_at[0] < 2  # the iteration ended soon after cancel()
+        assert stream.error == "cancelled" and stream.exit is None
+        assert pool.run("node0", "echo still-usable").stdout == "still-usable\n"
+
+
+def test_stream_stdin_agent_exits_when_stdin_closes(loopback) -> None:
+    with Pool(cluster_of(loopback)) as pool:
+        stream = pool.stream("node0", "while read -r x; do echo \"got $x\"; done; echo bye")
+        stream.write("one\n")
+        it = iter(stream)
+        assert next(it).text == "got one"
+        stream.write(b"two\n")
+        assert next(it).text == "got two"
+        stream.close_stdin()
+        assert [ln.text for ln in it] == ["bye"]
+        assert stream.exit == 0
+
+
+def test_run_stdin_env_timeout(loopback) -> None:
+    with Pool(cluster_of(loopback)) as pool:
+        r = pool.run("node0", 'tr a-z A-Z; echo "$GREETING"', stdin="hello\n",
+                     env={"GREETING": "it's $HOME"})
+        assert r.ok and r.stdout == "HELLO\nit's $HOME\n"
+        started = time.monotonic()
+        r = pool.run("node0", "sleep 20", timeout=1)
+        assert time.monotonic() - started < 3
+        assert r.exit is None and "timeout after 1s" in (r.error or "")
+        assert pool.run("node0", "true").ok  # the connection survived the timeout
+        assert pool.connection_count("node0") == 1
+
+
+def test_killed_node_fails_fast_others_succeed(loopback) -> None:
+    with Pool(cluster_of(loopback)) as pool:
+        assert all(r.ok for r in pool.run_all("true").values())
+        loopback.kill(1)
+        started = time.monotonic()
+        results = pool.run_all("echo fine", timeout=20)
+        assert time.monotonic() - started < 10
+        assert "connection refused" in (results["node1"].error or "")
+        assert results["node1"].seconds < 2
+        assert pool.status("node1").state == NodeState.DOWN
+        assert all(results[n].stdout.endswith("fine\n") for n in loopback.nodes if n != "node1")
+
+
+def test_hung_node_times_out_without_stalling_others(loopback) -> None:
+    """A SIGSTOPped sshd: once with an open connection, once for a fresh pool (banner wait)."""
+    with Pool(cluster_of(loopback, connect_timeout=2.0)) as warm:
+        assert all(r.ok for r in warm.run_all("true").values())
+        loopback.hang(1)
+        with Pool(cluster_of(loopback, connect_timeout=2.0)) as cold:
+            for pool in (warm, cold):
+                started = time.monotonic()
+                results = pool.run_all("echo fine", timeout=3)
+                elapsed = time.monotonic() - started
+                assert elapsed < 6, elapsed
+                hung = results["node1"]
+                assert hung.error is not None and hung.seconds < 4, hung
+                for n in loopback.nodes:
+                    if n != "node1":
+                        assert results[n].ok, results[n]
+                        assert results[n].seconds < 3, results[n]  # nobody waited for node1
+            status = cold.ping("node1", deadline=1.0)
+            assert status.state == NodeState.DOWN and "SSH banner" in status.reason, status
+            status = warm.ping("node1", deadline=1.0)
+            assert status.state == NodeState.DOWN and "no reply within 1s" in status.reason, status
+
+
+def test_health_loop_reconnects_restarted_node(loopback) -> None:
+    seen: list[NodeStatus] = []
+    with Pool(cluster_of(loopback, connect_timeout=2.0)) as pool:
+        unsubscribe = pool.subscribe(seen.append)
+        pool.start_health(0.3, backoff_cap=1.0)
+        wait_for(lambda: all(s.state == NodeState.UP and s.rtt is not None
+                             for s in pool.statuses().values()), 15, "all nodes up, pinged")
+        loopback.kill(2)
+        wait_for(lambda: pool.status("node2").state == NodeState.DOWN, 10, "node2 down")
+        loopback.restart(2)
+        wait_for(lambda: pool.status("node2").state == NodeState.UP, 10, "node2 up again")
+        assert pool.connection_count("node2") >= 2
+        assert pool.run("node2", "echo back").stdout.endswith("back\n")
+        unsubscribe()
+    states = [s.state for s in seen if s.node == "node2"]
+    assert NodeState.DOWN in states
+    assert states[-1] == NodeState.UP and states.index(NodeState.DOWN) < len(states) - 1
+
+
+def test_jump_host_is_one_shared_connection(loopback) -> None:
+    host, port = endpoint(loopback, 0)
+    cluster = cluster_of(loopback, jump_host=f"{loopback.user}@{host}:{port}")
+    with Pool(cluster) as pool:
+        results = pool.run_all('echo "$SSH_CONNECTION"', nodes=["node1", "node2", "node3"])
+        for i in (1, 2, 3):  # each command ran on its own node, reached through node0
+            last = results[f"node{i}"].stdout.splitlines()[-1]  # node2 prints a banner first
+            assert last.split()[2:] == [loopback.node(i).address, str(port)]
+        assert pool.connection_count("node0") == 1
+        mine = own_sockets()
+        assert len(mine & set(established(remote=(host, port)))) == 1
+        for i in (1, 2, 3):
+            assert pool.connection_count(f"node{i}") == 1
+            assert not mine & set(established(remote=endpoint(loopback, i)))  # tunnelled
+        assert pool.run("node0", "echo direct").stdout == "direct\n"
+        assert pool.connection_count("node0") == 1
+
+
+def test_fabric_connection_shares_the_pool_transport(loopback) -> None:
+    with Pool(cluster_of(loopback)) as pool:
+        conn = pool.fabric_connection("node3")
+        out = conn.run("echo via-fabric", hide=True, in_stream=False)
+        assert out.stdout == "via-fabric\n"
+        assert pool.run("node3", "echo via-pool").stdout == "via-pool\n"
+        assert pool.connection_count("node3") == 1
+
+
+def test_put_writes_a_file(loopback, tmp_path) -> None:
+    target = loopback.shared_dir / "put-test" / "data.bin"
+    payload = bytes(range(256)) * 100
+    with Pool(cluster_of(loopback)) as pool:
+        pool.put("node1", payload, str(target), mode=0o600)
+    assert target.read_bytes() == payload
+    assert target.stat().st_mode & 0o777 == 0o600
+
+
+def test_local_node_same_api(tmp_path) -> None:
+    with Pool(local_cluster()) as pool:
+        r = pool.run("here", 'cat; echo "$X" >&2; exit 3', stdin=b"in\n", env={"X": "a b"})
+        assert (r.exit, r.stdout, r.stderr, r.error) == (3, "in\n", "a b\n", None)
+        assert pool.run("here", "sleep 10", timeout=0.5).error.startswith("timeout")
+        started = time.monotonic()
+        stream = pool.stream("here", "echo a; sleep 2; echo b")
+        first = next(iter(stream))
+        assert first == Line("here", "out", "a") and time.monotonic() - started < 1.5
+        stream.cancel()
+        assert list(stream) == [] and stream.error == "cancelled"
+        assert pool.ping("here").state == NodeState.UP
+        assert pool.connection_count("here") == 0
+
+
+def test_sudo_password_never_shows(loopback, tmp_path, monkeypatch, caplog) -> None:
+    """This machine runs the tests as root without sudo, so a stand-in ``sudo`` on PATH (a script
+    that is as careless as possible: it echoes the password it reads) plays the password case."""
+    secret = "pa55-Wörd-that-must-not-leak"
+    fake = tmp_path / "bin" / "sudo"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\n[ "$1" = -n ] && exit 1\nread -r pw\n'
+                    'echo "sudo got $pw"; echo "stderr $pw" >&2\nshift 3; exec "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    caplog.set_level(logging.DEBUG)
+    with Pool(local_cluster(), sudo_password=lambda: secret) as pool:
+        pool._peers["here"].sudo_mode = "password"  # what a non-root account learns from the probe
+        r = pool.run("here", "cat; echo done", sudo=True, stdin="payload\n")
+        assert r.ok, r
+        assert r.stdout == "sudo got ********\npayload\ndone\n"
+        assert r.stderr == "stderr ********\n"
+        timed_out = pool.run("here", f"sleep 5; echo {secret}", sudo=True, timeout=0.5)
+    with Pool(cluster_of(loopback), sudo_password=lambda: secret) as pool:
+        as_root = pool.run("node0", "id -u", sudo=True)  # root: no sudo, no password needed
+        assert as_root.stdout == "0\n"
+    for thing in (r, timed_out, as_root, repr(pool), repr(r)):
+        assert secret not in repr(thing)
+    assert secret not in caplog.text
+    with Pool(local_cluster(), sudo_password=lambda: None) as pool:
+        pool._peers["here"].sudo_mode = "password"
+        assert "needs a password" in pool.run("here", "true", sudo=True).error
+
+
+def test_line_splitter_bounds_memory() -> None:
+    splitter = _LineSplitter()
+    assert splitter.feed(b"a\r\nb") == ["a"]
+    assert splitter.feed(b"c\nd") == ["bc"]
+    huge = b"x" * (MAX_LINE + 10)
+    cut = splitter.feed(huge[: MAX_LINE // 2]) + splitter.feed(huge[MAX_LINE // 2:] + b"\nnext\n")
+    assert len(cut) == 2 and cut[1] == "next"
+    assert cut[0] == "d" + "x" * (MAX_LINE - 1) + " [line cut at 1 MiB]"
+    assert len(splitter.partial) == 0
+    assert splitter.feed(b"tail") == [] and splitter.flush() == ["tail"]
+
+
+# ------------------------------------------------------------------------- the CLI commands
+
+
+def test_cli_exec_and_nodes(loopback, capsys) -> None:
+    config = str(loopback.cluster_yaml)
+    code = cli.main(["--config", config, "exec", "--nodes", "node1,node3", "--",
+                     "echo", "hi;", "echo", "err", ">&2"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert sorted(out.splitlines()) == ["node1: hi", "node3: hi"]
+    assert sorted(err.splitlines()) == ["node1: err", "node3: err"]
+
+    code = cli.main(["--config", config, "exec", "--json", "--", "echo $((6*7)); exit 4"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert set(data) == set(loopback.nodes)
+    assert data["node0"]["exit"] == 4 and data["node0"]["stdout"] == "42\n"
+    assert isinstance(data["node0"]["seconds"], float)
+
+    assert cli.main(["--config", config, "nodes"]) == 0
+    table = capsys.readouterr().out
+    assert all(f"{n} " in table for n in loopback.nodes) and table.count(" up ") == 4
+    loopback.kill(3)
+    assert cli.main(["--config", config, "nodes", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["node3"]["state"] == "unreachable" and "refused" in data["node3"]["error"]
+    assert data["node0"]["state"] == "up" and data["node0"]["rtt_ms"] > 0
+
+    assert cli.main(["--config", config, "exec", "--nodes", "nodeX", "--", "true"]) == 2
+    assert "nodeX" in capsys.readouterr().err
