@@ -1,0 +1,105 @@
+"""The svconsole Textual app: five screens over one shared SSH session pool."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from textual import work
+from textual.app import App, SystemCommand
+from textual.screen import Screen
+from textual.worker import Worker, WorkerState
+
+from screens.bridge import follow_node_states
+from screens.help import HelpScreen
+from screens.keys import GLOBAL_BINDINGS, SCREENS
+from screens.messages import NodeStatusChanged
+from screens.nodes import NodesScreen
+from screens.placeholder import ConfigScreen, GPUsScreen, SetupScreen, TrainingScreen
+
+if TYPE_CHECKING:
+    from console.cli import Context
+    from console.cluster import Cluster
+    from console.pool import Pool
+
+
+class SVConsoleApp(App[int]):
+    """One app, one cluster, one pool. Screens read ``app.cluster`` and ``app.pool``."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "svconsole"
+    BINDINGS = GLOBAL_BINDINGS
+    MODES = {
+        "nodes": NodesScreen,
+        "setup": SetupScreen,
+        "config": ConfigScreen,
+        "training": TrainingScreen,
+        "gpus": GPUsScreen,
+    }
+    DEFAULT_MODE = "nodes"
+
+    def __init__(self, cluster: Cluster, pool: Pool, *, health_interval: float | None = 5.0) -> None:
+        super().__init__()
+        self.cluster = cluster
+        self.pool = pool
+        self.health_interval = health_interval
+        self.title = f"svconsole · {cluster.name}"
+        self._unsubscribe = lambda: None
+
+    def on_mount(self) -> None:
+        self._unsubscribe = follow_node_states(self, self.pool)
+        self._update_subtitle()
+        if self.health_interval:
+            self.start_health()
+
+    def on_unmount(self) -> None:
+        self._unsubscribe()
+
+    @work(thread=True, exclusive=True, group="health", name="start health checks", exit_on_error=False)
+    def start_health(self) -> None:
+        self.pool.start_health(self.health_interval)
+
+    @work(thread=True, exclusive=True, group="ping", name="check every node", exit_on_error=False)
+    def check_nodes(self) -> None:
+        for node in self.cluster.names():
+            self.pool.ping(node)
+
+    def on_node_status_changed(self, message: NodeStatusChanged) -> None:
+        self._update_subtitle()
+
+    def _update_subtitle(self) -> None:
+        statuses = self.pool.statuses()
+        up = sum(1 for s in statuses.values() if str(getattr(s.state, "value", s.state)).lower() == "up")
+        self.sub_title = f"{up}/{len(self.cluster.nodes)} nodes up"
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The one error handler: a worker that failed says so, with its name."""
+        if event.state is WorkerState.ERROR:
+            self.notify(f"{event.worker.name} failed: {event.worker.error}", severity="error",
+                        timeout=10)
+
+    def action_help(self) -> None:
+        screen = self.screen
+        keys: list[tuple[str, str]] = []
+        for binding in [*getattr(screen, "BINDINGS", []), *self.BINDINGS]:
+            if getattr(binding, "description", ""):
+                keys.append((binding.key_display or binding.key, binding.description))
+        title = type(screen).__name__.removesuffix("Screen")
+        self.push_screen(HelpScreen(title, getattr(screen, "HELP", ""), keys))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The palette offers the current screen's actions first, then the app's."""
+        for binding in getattr(screen, "BINDINGS", []):
+            if getattr(binding, "description", ""):
+                yield SystemCommand(binding.description, f"key {binding.key}",
+                                    lambda a=binding.action: self.run_action(a, screen))
+        for mode, key, title in SCREENS:
+            yield SystemCommand(f"Go to {title}", f"key {key}",
+                                lambda m=mode: self.switch_mode(m))
+        yield from super().get_system_commands(screen)
+
+
+def run_app(ctx: Context) -> int:
+    app = SVConsoleApp(ctx.cluster, ctx.pool)
+    app.run()
+    return app.return_code or 0
