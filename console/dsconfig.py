@@ -28,19 +28,21 @@ of time in a background worker through :func:`warm_up`.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import copy
 import difflib
 import functools
-import bisect
+import itertools
 import json
 import logging
 import posixpath
 import re
 import shlex
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from types import ModuleType
@@ -97,6 +99,11 @@ class Report:
     findings: list[Finding]
     estimate: MemoryEstimate | None = None
     world_size: int | None = None
+
+    def add(self, findings: Iterable[Finding]) -> None:
+        """Add findings (e.g. of the data checks), keeping errors first, then by line."""
+        self.findings.extend(findings)
+        self.findings.sort(key=_finding_order)
 
     def of(self, severity: Severity) -> list[Finding]:
         return [f for f in self.findings if f.severity == severity]
@@ -309,7 +316,10 @@ _CONFIG_LOCK = threading.Lock()
 @functools.cache
 def _load_deepspeed() -> _DeepSpeed | str:
     """The deepspeed pieces this module uses, or the reason they cannot be imported."""
-    with _IMPORT_LOCK:
+    # DeepSpeed's logger writes to the sys.stdout of its import: make that stderr, so that
+    # machine-readable output (``--json``) stays clean. For those seconds, prints of other
+    # threads go to stderr too.
+    with _IMPORT_LOCK, contextlib.redirect_stdout(sys.stderr):
         try:
             import deepspeed
             import deepspeed.runtime.config as ds_config
@@ -523,7 +533,7 @@ def _deepspeed_error(doc: DSDocument, data: Mapping[str, Any], error: BaseExcept
 def _section_of(error: BaseException, data: Mapping[str, Any], log: list[str]) -> Path_:
     """The top-level key whose pydantic model raised ``error``: the last dict-valued key
     DeepSpeed looked up that holds the error's first loc (or, failing that, the last one)."""
-    first = next(iter(getattr(error, "errors")() or [{}])).get("loc", ("",))[:1]
+    first = next(iter(error.errors() or [{}])).get("loc", ("",))[:1]
     looked = [k for k in reversed(log) if isinstance(data.get(k), dict)]
     for key in looked:
         if first and first[0] in data[key]:
@@ -928,7 +938,7 @@ def _activation_bytes_per_token(ds: _DeepSpeed) -> float | None:
 def _profile_finding(profile: TrainingProfile, severity: Severity, layer: Layer, key: str,
                      message: str, reason: str, fix: str) -> Finding:
     return Finding(severity, layer, key, message, reason, fix, profile.line_of(key), None,
-                   str(profile.path) if profile.path else "<training profile>")
+                   str(profile.path) if profile.path else "<default training.yaml>")
 
 
 def check_matrix(doc: DSDocument, profile: TrainingProfile | None,
@@ -1172,7 +1182,7 @@ def check_jsonl(path: str | Path, sample: int = 200) -> str | None:
     an unreadable or empty file is a problem too."""
     try:
         with open(path, encoding="utf-8") as f:
-            lines = [line for _, line in zip(range(sample), f)]
+            lines = list(itertools.islice(f, sample))
     except (OSError, UnicodeDecodeError) as exc:
         return f"{path}: {getattr(exc, 'strerror', None) or exc}"
     if not any(line.strip() for line in lines):
@@ -1253,9 +1263,12 @@ def validate(text: str, *, name: str = "ds_config.json", profile: TrainingProfil
     if profile is None:
         findings.append(Finding("info", "matrix", "", "no training profile: batch size, data "
                                 "workers and memory not checked"))
-    order = {"error": 0, "warning": 1, "info": 2}
-    findings.sort(key=lambda f: (order[f.severity], f.line or 0))
+    findings.sort(key=_finding_order)
     return Report(findings, estimate, world)
+
+
+def _finding_order(f: Finding) -> tuple[int, int]:
+    return {"error": 0, "warning": 1, "info": 2}[f.severity], f.line or 0
 
 
 __all__ = [
