@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
@@ -83,7 +81,6 @@ class NodesScreen(ConsoleScreen):
         up = sum(1 for s in statuses.values() if _state_name(s) == "up")
         self.query_one("#nodes-summary", Static).update(
             f"{self.console.cluster.name}: {up}/{len(self.console.cluster.nodes)} nodes up"
-            f"  [dim]updated {time.strftime('%H:%M:%S')}[/dim]"
         )
 
     def action_reconnect(self) -> None:
