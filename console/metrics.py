@@ -313,7 +313,6 @@ class MetricsStore:
         state = self._ranks.get(rank)
         if state is None:
             state = self._ranks[rank] = _RankState(rank)
-        if node is not None:
             state.node = node
         state.seen(received)
         return state
@@ -330,6 +329,7 @@ class MetricsStore:
         if ev.total_step is None or state is None:
             return
         r, x = state.rank, ev.total_step
+        state.node = node if node is not None else state.node
         if isinstance(ev, ValStep):
             if ev.loss is not None:
                 self._line(f"val_loss/rank{r}").add(x, ev.loss)
@@ -371,10 +371,12 @@ class MetricsStore:
 
     def _settle_means(self, everything: bool = False) -> None:
         """Move into ``loss/mean`` the steps every known rank has passed (no rank will report
-        them any more), or the oldest ones when a rank lags far behind."""
+        them any more) once a later step has come, or the oldest ones when a rank lags far
+        behind. A rank whose first line comes after the others' next step misses the mean of
+        the steps already settled."""
         lasts = [s.last.total_step for s in self._ranks.values()
                  if s.last is not None and s.last.total_step is not None]
-        done = min(lasts, default=0)
+        done = min(min(lasts, default=0), self._max_step - 1)
         for step in sorted(self._pending):
             if not (everything or step <= done or len(self._pending) > 32):
                 break

@@ -1,0 +1,351 @@
+"""console.metrics (the bounded per-run store) and ``svconsole metrics --log``."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import statistics
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from console.cli import Context
+from console.commands import metrics as metrics_command
+from console.logparse import (
+    BestModel,
+    CheckpointSaved,
+    TrainStep,
+    ValResult,
+    parse_file,
+    parse_line,
+    parse_lines,
+)
+from console.metrics import HISTORY_COLUMNS, MetricsStore, Series
+
+FIXTURES = Path(__file__).parent / "fixtures"
+LOGS = FIXTURES / "logs"
+FP32 = LOGS / "funasr-sensevoicesmall-zero1-fp32-bs6000.log"
+BF16_FAIL = LOGS / "funasr-sensevoicesmall-zero1-bf16-dtype-failure.log"
+SMI_CSV = FIXTURES / "h200" / "nvidia-smi-during-funasr-training.csv"
+TRAIN_LINE = next(line for line in FP32.read_text().splitlines() if " - train, rank: 0," in line)
+
+
+def train_line(rank: int = 0, step: int = 5, loss: str = "151.133", *, epoch: int = 0,
+               step_in_epoch: int | None = None, stamp: str | None = None) -> str:
+    """The real line with another rank, step, loss (and timestamp)."""
+    line = (TRAIN_LINE.replace("rank: 0,", f"rank: {rank},")
+            .replace("total step: 5,", f"total step: {step},")
+            .replace("step_in_epoch: 5,", f"step_in_epoch: {step_in_epoch or step},")
+            .replace("epoch: 0/3", f"epoch: {epoch}/3")
+            .replace("(loss_avg_rank: 151.133)", f"(loss_avg_rank: {loss})"))
+    return line.replace("2026-11-30 00:15:55,439", stamp) if stamp else line
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# --- Series -----------------------------------------------------------------------------------
+
+def test_series_is_bounded_and_keeps_a_spike() -> None:
+    s = Series(capacity=500)
+    n = 200_000
+    for x in range(n):
+        s.add(x, 1.0 + (x % 7) * 0.01 if x != 123_457 else 1.139e14)
+    assert len(s) <= 500 and s.count == n and s.per_bucket >= n // 500
+    pts = s.points()
+    spike = [p for p in pts if p[3] == 1.139e14]
+    assert len(spike) == 1
+    bucket = next(b for b in s.buckets if b.high == 1.139e14)
+    assert bucket.x_first <= 123_457 <= bucket.x_last
+    assert min(p[2] for p in pts) == 1.0  # the lows survive too
+    assert sum(b.count for b in s.buckets) == n
+    assert pts[-1][0] == n - 1 and s.last == (n - 1, 1.0 + ((n - 1) % 7) * 0.01)
+
+
+def test_series_nan_and_inf() -> None:
+    s = Series(capacity=2)
+    for x, y in enumerate([math.nan, math.nan, 2.0, 4.0, math.inf, 1.0]):
+        s.add(x, y)
+    d = s.to_dict()
+    assert d["count"] == 6 and len(d["x"]) == 2
+    assert d["mean"][0] == 3.0 and d["min"][0] == 2.0  # nan left out of the stats
+    assert d["mean"][1] is None and d["max"][1] is None and d["min"][1] == 1.0  # inf as null
+    only_nan = Series(capacity=4)
+    only_nan.add(0, math.nan)
+    assert only_nan.to_dict()["mean"] == [None]
+    with pytest.raises(ValueError):
+        Series(capacity=1)
+
+
+# --- the store ----------------------------------------------------------------------------------
+
+def test_real_run_into_the_store(tmp_path: Path) -> None:
+    events = list(parse_file(str(FP32)))
+    steps = [e for e in events if isinstance(e, TrainStep)]
+    with MetricsStore(tmp_path / "history.csv") as store:
+        store.add_all(events, node="gpu1")
+        val = store.series("val_loss")
+        assert val is not None
+        assert [(p[0], p[1]) for p in val.points()] == [
+            (30, e.value) for e in events if isinstance(e, ValResult)][:1] + [
+            (60, 94.1798324584961), (90, 94.04896545410156)]
+        [rank] = store.ranks()
+        assert (rank.rank, rank.node, rank.last_step, rank.loss) == (0, "gpu1", 90, steps[-1].loss)
+        assert rank.gpu_peak_gb == steps[-1].mem_peak_gb and rank.lr == steps[-1].lr
+        times = [e.timings["total_time"] for e in steps]
+        assert rank.step_time_s == statistics.median(times[-20:])
+        assert 0.28 <= rank.step_time_s <= 0.45  # the H200 reading
+        p = store.progress()
+        assert (p.epoch, p.max_epoch, p.steps_per_epoch, p.total_step) == (2, 3, 30, 90)
+        assert p.funasr_eta_hours == 0.003 and p.steps_per_s == pytest.approx(1 / rank.step_time_s)
+        kinds = [type(i.event) for i in store.feed()]
+        assert kinds.count(CheckpointSaved) == 2 and kinds.count(BestModel) == 3
+        assert store.grad_sync()["rank0"]["verdict"] == "normal"
+        assert store.findings() == []
+        names = store.series_names()
+        for name in ("loss/rank0", "lr/rank0", "stat/loss_ctc/rank0", "timing/total_time/rank0",
+                     "mem/peak_gb/rank0", "grad_sync_ms/rank0", "loss/mean"):
+            assert name in names
+        lr = store.series("lr/rank0")
+        assert lr is not None and [p[1] for p in lr.points()] == [e.lr for e in steps]
+        doc = json.loads(json.dumps(store.to_json(), allow_nan=False))
+        assert doc["ranks"][0]["last_step"] == 90
+        assert doc["loss_mean"]["x"] == [e.total_step for e in steps]
+    with (tmp_path / "history.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(steps)
+    assert [float(r["loss"]) for r in rows] == [e.loss for e in steps]
+    assert json.loads(rows[0]["stats"]) == steps[0].stats
+
+
+def test_mean_over_interleaved_ranks() -> None:
+    lines = []
+    for step in (5, 10, 15):
+        lines += [train_line(0, step, f"{step}.0"), train_line(1, step, f"-{step}.5")]
+    store = MetricsStore()
+    store.add_all(parse_lines(lines[:-1]))
+    # step 15 has only rank 0 so far: shown, not yet settled
+    assert store.mean_loss() == [(5, -0.25, -0.25, -0.25), (10, -0.25, -0.25, -0.25),
+                                 (15, 15.0, 15.0, 15.0)]
+    store.add(parse_line(lines[-1]))
+    assert [p[1] for p in store.mean_loss()] == [-0.25, -0.25, -0.25]
+    assert len(store.series("loss/mean")) == 2  # type: ignore[arg-type]  # 15: no later step yet
+    store.close()
+    assert [p[0] for p in store.mean_loss()] == [5, 10, 15]  # settled at the end
+
+
+def test_hundred_thousand_steps_stay_bounded(tmp_path: Path) -> None:
+    store = MetricsStore(tmp_path / "h.csv", capacity=200, max_events=50)
+    n = 100_000
+    for i in range(n):
+        step = i // 2 + 1
+        loss = 1.139e14 if i == 77_777 else 2.0 + (i % 13) * 0.05
+        store.add(TrainStep(rank=i % 2, total_step=step, epoch=0, max_epoch=1, loss_avg_rank=loss,
+                            lr=1e-4, stats={"loss_ctc": loss}, timings={"total_time": 0.3},
+                            mem_usage_gb=3.5, text=f"step {step} rank {i % 2}", line_no=i + 1),
+                  node="n0")
+        if i % 1000 == 0:
+            store.add(CheckpointSaved(path=f"/out/model.pt.ep{i}", line_no=i + 1))
+    for name in store.series_names():
+        series = store.series(name)
+        assert series is not None and len(series) <= 200, name
+    assert len(store.feed()) == 50
+    assert len(store._pending) <= 33  # noqa: SLF001 - the one unbounded-looking structure
+    loss1 = store.series("loss/rank1")
+    assert loss1 is not None and loss1.count == n // 2
+    assert max(p[3] for p in loss1.points()) == 1.139e14  # the spike survives downsampling
+    [spike] = [f for f in store.findings() if f.id == "loss-divergence"]
+    assert spike.rank == 1 and spike.line_no == 77_778 and "1.139e+14" in spike.detail
+    store.close()
+    with (tmp_path / "h.csv").open() as f:
+        assert sum(1 for _ in f) == n + 1  # the full history, on disk
+
+
+def test_nan_and_spike_lines_from_real_format() -> None:
+    store = MetricsStore()
+    for i, loss in enumerate(["150.1", "-3.2", "120.0", "99.0", "130.5", "101.2", "88.8", "140.0",
+                              "95.0", "110.0", "1.139e+14", "nan"]):
+        store.add(parse_line(train_line(0, 5 * (i + 1), loss), line_no=i + 1), node="n0")
+    found = [f for f in store.findings() if f.id == "loss-divergence"]
+    assert len(found) == 1 and found[0].count == 2  # the spike, then the nan line (once)
+    assert found[0].evidence[0].endswith(train_line(0, 55, "1.139e+14").split(" - ", 1)[1])
+    assert found[0].line_no == 11
+    doc = store.to_json()
+    json.dumps(doc, allow_nan=False)
+    assert doc["series"]["loss/rank0"]["mean"][-1] is None  # nan as null
+    assert doc["series"]["loss/rank0"]["mean"][1] == -3.2
+    store.close()
+
+
+def test_step_time_from_timestamps_and_eta() -> None:
+    store = MetricsStore()
+    for k, step in enumerate((5, 10, 15)):
+        line = train_line(0, step, stamp=f"2026-11-30 01:00:0{2 * k},000")
+        line = line.split(", {'data_load'")[0]  # no timings dict
+        store.add(parse_line(line))
+    p = store.progress()
+    assert p.step_time_s == pytest.approx(0.4)
+    # epoch 0 of 3, step 15 of 30: 15 + 2 * 30 steps left
+    assert p.eta_s == pytest.approx(75 * 0.4)
+    store.close()
+
+
+def test_stalled_rank_with_a_clock() -> None:
+    clock = Clock()
+    store = MetricsStore(clock=clock, min_stall_s=30.0)
+    for step in range(1, 101):
+        clock.now += 1.0
+        for rank in (0, 1) if step <= 50 else (0,):
+            store.add(parse_line(train_line(rank, step, "2.0"), line_no=step * 2 + rank),
+                      node=f"node{rank}")
+    [stall] = [f for f in store.findings() if f.id == "stalled-rank"]
+    assert (stall.rank, stall.node) == (1, "node1")
+    assert "silent for 50 s" in stall.detail and "total step: 50," in stall.evidence[0]
+    rows = {r.rank: r for r in store.ranks()}
+    assert rows[1].seconds_since == 50.0 and rows[0].seconds_since == 0.0
+    clock.now += 1000  # everyone silent: a pause, not a stalled rank
+    assert not [f for f in store.findings() if f.id == "stalled-rank"]
+    store.close()
+
+
+def test_gradient_sync_verdict_from_deepspeed_lines() -> None:
+    store = MetricsStore()
+    for i in range(10):
+        store.add(parse_line(f"[Rank 1] time (ms) | fwd: 84.21 | bwd: 199.80 | bwd_inner: 177.25 | "
+                             f"bwd_allreduce: {2400 + i}.41 | step: 42.07", line_no=i + 1))
+        store.add(parse_line("[Rank 0] time (ms) | fwd: 84.21 | bwd: 199.80 | bwd_inner: 177.25 | "
+                             "bwd_allreduce: 22.41 | step: 42.07"))
+    sync = store.grad_sync()
+    assert sync["rank0"]["verdict"] == "normal" and sync["rank1"]["verdict"] == "bad"
+    [slow] = [f for f in store.findings() if f.id == "slow-gradient-sync"]
+    assert slow.rank == 1 and slow.line_no == 10 and "bad" in slow.detail
+    store.close()
+
+
+def test_low_gpu_util_from_real_samples() -> None:
+    store = MetricsStore()
+    with SMI_CSV.open() as f:
+        for row in csv.reader(f, skipinitialspace=True):
+            if float(row[2]) > 1000:  # while the training process held GPU memory
+                t = datetime.strptime(row[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                store.add_gpu_sample("h200", 0, t, float(row[1]))
+    [low] = store.findings()
+    assert (low.id, low.node) == ("low-gpu-util", "h200") and "below 50%" in low.detail
+    store.close()
+
+
+def test_csv_and_png_exports(tmp_path: Path) -> None:
+    store = MetricsStore()
+    store.add_all(parse_file(str(FP32)))
+    store.add(parse_line(train_line(0, 95, "1.139e+14")))
+    out = store.to_csv(tmp_path / "m.csv")
+    with out.open() as f:
+        rows = list(csv.reader(f))
+    assert tuple(rows[0]) == HISTORY_COLUMNS and len(rows) == 1 + 19
+    png = store.to_png(tmp_path / "m.png", title="fp32 bs6000")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    store.close()
+
+
+def test_history_file_is_appended_across_stores(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "history.csv"
+    for step in (5, 10):
+        with MetricsStore(path) as store:
+            store.add(parse_line(train_line(0, step)))
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["total_step"] for r in rows] == ["5", "10"]
+
+
+# --- svconsole metrics --------------------------------------------------------------------------
+
+def run_cli(*argv: str) -> tuple[int, str]:
+    parser = argparse.ArgumentParser(prog="svconsole")
+    metrics_command.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["metrics", *argv])
+    out = io.StringIO()
+    return args.func(args, Context(out=out, interactive=False)), out.getvalue()
+
+
+@pytest.fixture()
+def nan_log(tmp_path: Path) -> Path:
+    path = tmp_path / "node1.log"
+    lines = [train_line(1, 5, "nan"), train_line(1, 10, "-0.5"), "[rank1]: garbage \x00 line"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_cli_json(nan_log: Path) -> None:
+    code, text = run_cli("--log", str(FP32), str(nan_log), "--json")
+    assert code == 0
+    doc = json.loads(text)
+    assert [f["node"] for f in doc["files"]] == [FP32.stem, "node1"]
+    train = [r for r in doc["lines"] if r["kind"] == "train"]
+    assert len(train) == 20
+    first = train[0]
+    assert (first["rank"], first["epoch"], first["total_step"], first["loss_avg_rank"],
+            first["lr"]) == (0, 0, 5, 151.133, 0.0006)
+    assert first["stat_loss_ctc"] == 141.118 and first["total_time_s"] == 0.439
+    assert first["mem_peak_gb"] == 20.901
+    nan_row = next(r for r in train if r["node"] == "node1")
+    assert nan_row["loss_avg_rank"] is None and nan_row["rank"] == 1  # nan as null
+    assert train[-1]["loss_avg_rank"] == -0.5
+    assert {r["kind"] for r in doc["lines"]} >= {"ds_timers", "eta", "best", "checkpoint"}
+    assert not [r for r in doc["lines"] if r["kind"] == "unparsed"]
+    assert "NaN" not in text
+
+
+def test_cli_all_keeps_unparsed(nan_log: Path) -> None:
+    code, text = run_cli("--log", str(nan_log), "--json", "--all")
+    rows = json.loads(text)["lines"]
+    assert [r["kind"] for r in rows] == ["train", "train", "unparsed"]
+    assert rows[2]["text"] == "[rank1]: garbage \x00 line" and rows[2]["rank"] == 1
+
+
+def test_cli_csv_to_file(tmp_path: Path, nan_log: Path) -> None:
+    out = tmp_path / "lines.csv"
+    code, text = run_cli("--log", str(nan_log), "--csv", str(out))
+    assert code == 0 and str(out) in text
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["kind"], r["rank"], r["total_step"], r["loss_avg_rank"]) for r in rows] == [
+        ("train", "1", "5", ""), ("train", "1", "10", "-0.5")]
+
+
+def test_cli_png(tmp_path: Path) -> None:
+    code, text = run_cli("--log", str(FP32), "--png", str(tmp_path / "loss.png"))
+    assert code == 0 and (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_summary_names_the_fault_and_fix() -> None:
+    code, text = run_cli("--log", str(BF16_FAIL))
+    assert code == 1
+    assert "ERROR: bf16 dtype mismatch in FunASR's forward [bf16-dtype-mismatch]" in text
+    assert "rank 0" in text and "but got Float and BFloat16" in text and "fix: " in text
+    code, text = run_cli("--log", str(FP32))
+    assert code == 0 and "faults: none found" in text and "validation loss: 94.44 (step 30)" in text
+
+
+def test_cli_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli("run-42")[0] == 2
+    assert "not available yet" in capsys.readouterr().err
+    assert run_cli()[0] == 2
+    missing = tmp_path / "nope.log"
+    assert run_cli("--log", str(missing))[0] == 2
+    assert f"{missing}: No such file or directory" in capsys.readouterr().err
+
+
+def test_cli_is_wired(capsys: pytest.CaptureFixture[str]) -> None:
+    from console.cli import main
+
+    assert main(["metrics", "--log", str(FP32), "--csv"]) == 0
+    assert capsys.readouterr().out.startswith("node,line,kind,rank,time,epoch,max_epoch,total_step")
