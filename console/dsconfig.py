@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import copy
+import dataclasses
 import difflib
 import functools
 import itertools
@@ -552,10 +553,25 @@ def _pydantic_fix(item: Mapping[str, Any]) -> str:
 
 
 def _field_in(message: str, data: Mapping[str, Any]) -> str:
-    """The first top-level key of ``data`` (or known to DeepSpeed) a message mentions."""
-    candidates = sorted(set(data) | _known_top_level_keys(), key=len, reverse=True)
-    hits = [(message.find(k), k) for k in candidates if re.search(rf"\b{re.escape(k)}\b", message)]
-    return min(hits)[1] if hits else ""
+    """The field of ``data`` (or top-level key known to DeepSpeed) a message names first:
+    ``cpu_offload`` -> ``zero_optimization.cpu_offload``; "vocabulary size" matches too."""
+    paths = list(_key_paths(data)) + [(k,) for k in _known_top_level_keys() if k not in data]
+    hits = []
+    for path in paths:
+        name = str(path[-1])
+        for spelling in {name, name.replace("_", " ")}:
+            m = re.search(rf"\b{re.escape(spelling)}\b", message)
+            if m:
+                hits.append((m.start(), -len(path), join_field(path)))
+    return min(hits)[2] if hits else ""
+
+
+def _key_paths(data: Any, path: Path_ = ()) -> Iterator[Path_]:
+    """Every key path of nested dicts (``("zero_optimization", "stage")``)."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield (*path, key)
+            yield from _key_paths(value, (*path, key))
 
 
 def _unknown_top_level(doc: DSDocument, data: Mapping[str, Any]) -> list[Finding]:
@@ -760,9 +776,8 @@ class ClusterSpec:
             cc or (model.cc if model else None),
             mem_gb if mem_gb is not None else (model.memory_gib if model else None),
             cpu_cores, tuple(sorted((versions or {}).items())))
-        names = [f"node{i}" for i in range(nodes)]
-        return cls(tuple(NodeSpec(**{**asdict(spec), "name": n, "versions": spec.versions})
-                         for n in names), shared_dir, "overrides")
+        return cls(tuple(dataclasses.replace(spec, name=f"node{i}") for i in range(nodes)),
+                   shared_dir, "overrides")
 
 
 def _cc_tuple(cc: str) -> tuple[int, ...]:
@@ -1060,15 +1075,18 @@ def _memory_findings(profile: TrainingProfile, cluster: ClusterSpec,
                             f"it needs DeepSpeed's estimators ({problem})" if problem
                             else "the zero_optimization block is invalid"))]
     out = []
-    for level, limit in (("error", MEMORY_ERROR), ("warning", MEMORY_WARN)):
-        over = [n for n in cluster.nodes if n.memory_gib and
-                estimate.fraction_of(n.memory_gib) > limit and
-                not any(n.name in f.message for f in out)]
+    reported: set[str] = set()
+    levels: tuple[tuple[Severity, float], ...] = (("error", MEMORY_ERROR),
+                                                   ("warning", MEMORY_WARN))
+    for level, limit in levels:
+        over = [n for n in cluster.nodes if n.memory_gib and n.name not in reported
+                and estimate.fraction_of(n.memory_gib) > limit]
+        reported.update(n.name for n in over)
         if over:
             worst = min(over, key=lambda n: n.memory_gib or 0)
             pct = 100 * estimate.fraction_of(worst.memory_gib or 1)
             out.append(_profile_finding(
-                profile, level, "cluster", "dataset_conf.batch_size",  # type: ignore[arg-type]
+                profile, level, "cluster", "dataset_conf.batch_size",
                 f"estimated {estimate.in_use_gib:.1f} GiB per GPU is {pct:.0f}% of "
                 f"{worst.memory_gib:.1f} GiB on {', '.join(n.name for n in over)} "
                 f"(above {limit:.0%})",

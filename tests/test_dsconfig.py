@@ -82,6 +82,9 @@ CASES = [
          "did you mean 'gradient_accumulation_steps'"),
     Case("auto", _with(lambda d: d["zero_optimization"].update(reduce_bucket_size="auto")),
          "warning", "deepspeed", "zero_optimization.reduce_bucket_size", '"auto"'),
+    Case("deepspeed-warning", _with(lambda d: d["zero_optimization"].update(cpu_offload=True)),
+         "warning", "deepspeed", "zero_optimization.cpu_offload",
+         "^Config parameter cpu_offload is deprecated use offload_optimizer instead$"),
     Case("top-level-type", _with(lambda d: d.update(steps_per_print="often")),
          "error", "deepspeed", "steps_per_print", "must be a whole number"),
     Case("string-number", _with(lambda d: d["zero_optimization"].update(overlap_comm="true")),
@@ -164,6 +167,14 @@ def test_pydantic_error_is_deepspeed_text_verbatim() -> None:
     assert hit.message == "Input should be 0, 1, 2, 3 or 3 (got 7)"
     assert "DeepSpeedZeroConfig" in hit.reason
     assert (hit.line, hit.col) == (10, 5)
+
+
+def test_deepspeed_prints_nothing_while_validating(capfd: pytest.CaptureFixture[str]) -> None:
+    text = _with(lambda d: d["zero_optimization"].update(cpu_offload=True))
+    capfd.readouterr()
+    assert dsconfig.validate(text, cluster=A100_3x4).warnings
+    out, err = capfd.readouterr()
+    assert "deprecated" not in out + err
 
 
 def test_world_size_is_supplied_and_dist_restored() -> None:
