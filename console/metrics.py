@@ -235,6 +235,7 @@ class _RankState:
         self.grad_sync: deque[float] = deque(maxlen=20)
         self.watch = faults.LossWatch()
         self.last_grad_line: DeepSpeedTimers | None = None
+        self.ds_steps = 0
 
     def seen(self, received: float) -> None:
         if self.last_seen is not None:
@@ -389,7 +390,8 @@ class MetricsStore:
             return
         state.grad_sync.append(ms)
         state.last_grad_line = ev
-        self._line(f"grad_sync_ms/rank{state.rank}").add(self._max_step, ms)
+        state.ds_steps += 1  # one such line per optimizer step: DeepSpeed's step count
+        self._line(f"grad_sync_ms/rank{state.rank}").add(state.ds_steps, ms)
 
     def _write_history(self, ev: StepEvent, node: str | None, received: float) -> None:
         row = {"received": received, "time": ev.time, "node": node, "kind": ev.kind,
@@ -421,7 +423,8 @@ class MetricsStore:
     def series(self, name: str) -> Series | None:
         """A chart series by name: ``loss/mean``, ``loss/rank0``, ``lr/rank0``, ``val_loss``,
         ``val_loss/rank0``, ``stat/loss_ctc/rank0``, ``timing/total_time/rank0``,
-        ``mem/peak_gb/rank0``, ``grad_sync_ms/rank0``."""
+        ``mem/peak_gb/rank0`` (x: total step), ``grad_sync_ms/rank0`` (x: DeepSpeed step).
+        It is the live object: read it through :meth:`Series.points`, which copies."""
         with self._lock:
             return self._series.get(name)
 

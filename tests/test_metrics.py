@@ -224,6 +224,8 @@ def test_gradient_sync_verdict_from_deepspeed_lines() -> None:
                              f"bwd_allreduce: {2400 + i}.41 | step: 42.07", line_no=i + 1))
         store.add(parse_line("[Rank 0] time (ms) | fwd: 84.21 | bwd: 199.80 | bwd_inner: 177.25 | "
                              "bwd_allreduce: 22.41 | step: 42.07"))
+    series = store.series("grad_sync_ms/rank1")
+    assert series is not None and [p[0] for p in series.points()] == list(range(1, 11))
     sync = store.grad_sync()
     assert sync["rank0"]["verdict"] == "normal" and sync["rank1"]["verdict"] == "bad"
     [slow] = [f for f in store.findings() if f.id == "slow-gradient-sync"]
@@ -333,6 +335,7 @@ def test_cli_summary_names_the_fault_and_fix() -> None:
     assert "rank 0" in text and "but got Float and BFloat16" in text and "fix: " in text
     code, text = run_cli("--log", str(FP32))
     assert code == 0 and "faults: none found" in text and "validation loss: 94.44 (step 30)" in text
+    assert "gradient sync (median bwd_allreduce; < 500 ms normal, > 2000 ms bad): rank0 " in text
 
 
 def test_cli_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -181,6 +181,11 @@ def _summary(parsed: _Parsed, ctx: Context) -> None:
                   f"{_num(r.last_step, 'd'):>7} {_num(r.loss):>10} {_num(r.lr, '.3e'):>10} "
                   f"{_num(r.step_time_s, '.3f'):>7} {_num(r.gpu_mem_gb, '.2f'):>7} "
                   f"{_num(r.gpu_peak_gb, '.2f'):>7} {_num(r.grad_sync_ms, '.1f'):>8}", file=out)
+    sync = store.grad_sync()
+    if sync:
+        parts = ", ".join(f"{rank} {v['median_ms']:.1f} ms ({v['verdict']})" for rank, v in sync.items())
+        print(f"gradient sync (median bwd_allreduce; < 500 ms normal, > 2000 ms bad): {parts}",
+              file=out)
     val = store.series("val_loss")
     if val is not None:
         pts = ", ".join(f"{_num(y)} (step {x:g})" for x, y, _, _ in val.points())
