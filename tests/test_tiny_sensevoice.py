@@ -202,7 +202,9 @@ def _tail(log: Path) -> str:
     return log.read_text(errors="replace")[-3000:]
 
 
-def _needs_training_stack() -> None:
+@pytest.fixture
+def training_stack() -> None:
+    """Skip (saying why) where the training extras or g++ are absent."""
     for module in ("torch", "deepspeed", "funasr", "kaldi_native_fbank", "sentencepiece"):
         pytest.importorskip(module)
     if shutil.which("g++") is None:
@@ -211,9 +213,8 @@ def _needs_training_stack() -> None:
 
 @pytest.mark.slow
 def test_deepspeed_zero1_two_ranks_trains_then_resumes(
-    tiny: tiny_sensevoice.TinySet, tmp_path: Path
+    training_stack: None, tiny: tiny_sensevoice.TinySet, tmp_path: Path
 ) -> None:
-    _needs_training_stack()
     out = tmp_path / "exp"
     log = tmp_path / "train.log"
     launcher = ["--nproc-per-node", "2", "--master-port", str(_free_port())]
@@ -241,9 +242,8 @@ def test_deepspeed_zero1_two_ranks_trains_then_resumes(
 
 @pytest.mark.slow
 def test_two_nodes_on_loopback_train_together(
-    tiny: tiny_sensevoice.TinySet, tmp_path: Path
+    training_stack: None, tiny: tiny_sensevoice.TinySet, tmp_path: Path
 ) -> None:
-    _needs_training_stack()
     out = tmp_path / "exp"
     port = str(_free_port())
     logs = [tmp_path / f"node{rank}.log" for rank in (0, 1)]
