@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -14,8 +15,6 @@ from screens.bridge import follow_node_states
 from screens.help import HelpScreen
 from screens.keys import GLOBAL_BINDINGS, SCREENS
 from screens.messages import NodeStatusChanged
-from screens.nodes import NodesScreen
-from screens.placeholder import ConfigScreen, GPUsScreen, SetupScreen, TrainingScreen
 
 if TYPE_CHECKING:
     from console.cli import Context
@@ -29,13 +28,9 @@ class SVConsoleApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "svconsole"
     BINDINGS = GLOBAL_BINDINGS
-    MODES = {
-        "nodes": NodesScreen,
-        "setup": SetupScreen,
-        "config": ConfigScreen,
-        "training": TrainingScreen,
-        "gpus": GPUsScreen,
-    }
+    #: Each mode's screen is ``SCREEN`` in the module ``screens.<mode>`` (screens/nodes.py, ...).
+    MODES = {mode: (lambda m=mode: importlib.import_module(f"screens.{m}").SCREEN())
+             for mode, _, _ in SCREENS}
     DEFAULT_MODE = "nodes"
 
     def __init__(self, cluster: Cluster, pool: Pool, *, health_interval: float | None = 5.0) -> None:

@@ -85,3 +85,4 @@ class NodesScreen(ConsoleScreen):
 
     def action_reconnect(self) -> None:
         self.console.check_nodes()
+SCREEN = NodesScreen
