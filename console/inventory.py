@@ -483,7 +483,7 @@ def _stack_reasons(facts: NodeFacts) -> list[Reason]:
     if py.get("executable") and missing:
         out.append(Reason("training_stack", f"{', '.join(missing)} not installed in "
                                             f"{py['executable']}", Verdict.NOT_READY))
-    if facts.gpus and py.get("torch") and not py.get("torch_cuda") and not py.get("error"):
+    if facts.gpus and py.get("torch_imported") and not py.get("torch_cuda"):
         out.append(Reason("cpu_torch", f"torch {py['torch']} is a CPU build: it cannot use the "
                                        f"GPUs", Verdict.NOT_READY))
     return out

@@ -103,7 +103,8 @@ class NodeFacts:
     gpu_source: str | None = None           # "nvml" | "nvidia-smi" | None
     gpu_error: str | None = None
     python: dict[str, Any] | None = None
-    # path, executable, version, torch, torch_cuda, nccl, deepspeed, funasr, numpy, error
+    # path, executable, version, torch, torch_cuda, nccl, deepspeed, funasr, numpy, error,
+    # torch_imported (False: torch was not imported, its CUDA and NCCL versions are unknown)
     net: list[dict[str, Any]] = field(default_factory=list)     # name, kind, state, addrs, speed_mbps, mtu
     rdma: list[str] = field(default_factory=list)               # RDMA devices (mlx5_0, ...)
     rdma_ports: list[dict[str, Any]] = field(default_factory=list)  # device, port, state, rate_gbps, link_layer

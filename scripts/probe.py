@@ -530,7 +530,7 @@ def python_facts(python: str | None, timeout: float, torch_timeout: float) -> di
     """
     facts = {"path": python or "python3", "executable": None, "version": None, "error": None,
              "torch": None, "torch_cuda": None, "nccl": None, "deepspeed": None, "funasr": None,
-             "numpy": None}
+             "numpy": None, "torch_imported": False}
     exe = os.path.expanduser(python) if python else shutil.which("python3")
     if not exe or not (os.path.isfile(exe) or shutil.which(exe)):
         facts["error"] = "training Python %s not found" % (python or "python3 (on PATH)")
@@ -545,7 +545,7 @@ def python_facts(python: str | None, timeout: float, torch_timeout: float) -> di
     if facts["torch"] and torch_timeout > 0:
         try:
             t = _last_json_line(run_cmd([exe, "-c", _TORCH], torch_timeout))
-            facts.update(torch_cuda=t["cuda"], nccl=t["nccl"])
+            facts.update(torch_cuda=t["cuda"], nccl=t["nccl"], torch_imported=True)
         except subprocess.TimeoutExpired:
             facts["error"] = f"import torch took longer than {torch_timeout:g}s"
         except Exception as exc:  # noqa: BLE001

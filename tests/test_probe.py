@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import replace
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -131,7 +133,8 @@ def probed(loopback):
     with_pool = Pool(cluster)
     try:
         t0 = time.time()
-        facts = probe_all(with_pool, cluster)
+        # generous limits: four torch imports at once on a busy 2-core machine take a while
+        facts = probe_all(with_pool, cluster, timeout=280, torch_timeout=240)
         yield cluster, facts, time.time() - t0
     finally:
         with_pool.close()
@@ -149,6 +152,13 @@ def _meminfo_total_mb() -> int:
         if line.startswith("MemTotal:"):
             return int(line.split()[1]) // 1024
     raise AssertionError("no MemTotal")
+
+
+def _torch_cuda() -> str | None:
+    """torch.version.cuda read from torch/version.py (importing torch here would cost seconds)."""
+    text = (Path(find_spec("torch").origin).parent / "version.py").read_text()
+    m = re.search(r"^cuda(?:: [^=]+)? = '?([^'\n]*?)'?$", text, re.M)
+    return None if m is None or m.group(1) == "None" else m.group(1)
 
 
 def test_facts_match_this_machine(probed):
@@ -172,6 +182,8 @@ def test_facts_match_this_machine(probed):
         assert f.python["torch"] == version("torch")
         assert f.python["deepspeed"] == version("deepspeed")
         assert f.python["funasr"] == version("funasr")
+        assert f.python["torch_imported"] is True
+        assert f.python["torch_cuda"] == _torch_cuda()
         assert abs(f.disk_root["total_gb"] - shutil.disk_usage("/").total / 1e9) < 1
         assert f.shared["exists"] and f.shared["path"] == cluster.shared_dir
         assert any(i["name"] == "lo" and "127.0.0.1/8" in i["addrs"] for i in f.net)
@@ -185,18 +197,19 @@ def test_facts_match_this_machine(probed):
 
 def test_banner_node_probes_cleanly(loopback, pool, probed):
     banner = loopback.node(2)
-    noisy = pool.run(banner.name, "echo hello", timeout=30)
+    noisy = pool.run(banner.name, "echo hello", timeout=120)
     assert banner.banner_text in noisy.stdout  # the noise really is there
     _, facts, _ = probed
     assert facts[banner.name].ok and facts[banner.name].hostname == socket.gethostname()
     again = probe_node(pool, load_cluster(loopback.cluster_yaml), banner.name, torch_timeout=0)
-    assert again.ok and again.cpu_cores == facts[banner.name].cpu_cores
+    assert again.ok, again.error
+    assert again.cpu_cores == facts[banner.name].cpu_cores
 
 
 def test_missing_training_python_is_a_reason_not_a_dead_probe(loopback, pool):
     cluster = replace(load_cluster(loopback.cluster_yaml), python="/nonexistent/bin/python")
     f = probe_node(pool, cluster, "node0", torch_timeout=0)
-    assert f.ok
+    assert f.ok, f.error
     assert f.python["error"] == "training Python /nonexistent/bin/python not found"
     assert f.cpu_cores == os.cpu_count()
 

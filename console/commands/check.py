@@ -44,26 +44,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="exit 1 for a degraded cluster too")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="per node probe timeout (default 120)")
+    parser.add_argument("--no-torch", action="store_true",
+                        help="do not import torch on the nodes (faster; its CUDA and NCCL "
+                             "versions stay unknown)")
     parser.set_defaults(func=handler)
 
 
 def collect(pool: Pool, cluster: Cluster, state_dir: Path | None = None,
-            timeout: float | None = None) -> tuple[dict, Report]:
+            timeout: float | None = None, torch: bool = True) -> tuple[dict, Report]:
     """Probe every node (cached facts for the unreachable ones) and judge them."""
     from console.inventory import assess
-    from console.probe import PROBE_TIMEOUT, FactsCache, probe_all
+    from console.probe import PROBE_TIMEOUT, TORCH_TIMEOUT, FactsCache, probe_all
 
     cache = FactsCache(state_dir, cluster.name) if state_dir is not None else None
-    facts = probe_all(pool, cluster, cache=cache, timeout=timeout or PROBE_TIMEOUT)
+    facts = probe_all(pool, cluster, cache=cache, timeout=timeout or PROBE_TIMEOUT,
+                      torch_timeout=TORCH_TIMEOUT if torch else 0)
     return facts, assess(cluster, facts)
 
 
 def facts_json(pool: Pool, cluster: Cluster, state_dir: Path | None = None,
-               timeout: float | None = None) -> dict[str, Any]:
+               timeout: float | None = None, torch: bool = True) -> dict[str, Any]:
     """Facts and verdicts of every node, for ``svconsole nodes --json`` and ``check --json``:
     ``{"cluster", "verdict", "reasons", "mismatches", "nodes": {name: {"facts", "verdict",
     "reasons", "tier", "stale", "collected_at"}}}``."""
-    return report_json(*collect(pool, cluster, state_dir, timeout))
+    return report_json(*collect(pool, cluster, state_dir, timeout, torch))
 
 
 def report_json(facts: dict, report: Report) -> dict[str, Any]:
@@ -125,7 +129,8 @@ def render(cluster: Cluster, report: Report, out: TextIO, now: float | None = No
 def handler(args: argparse.Namespace, ctx: Context) -> int:
     from console.inventory import Verdict
 
-    facts, report = collect(ctx.pool, ctx.cluster, ctx.state_dir, args.timeout)
+    facts, report = collect(ctx.pool, ctx.cluster, ctx.state_dir, args.timeout,
+                            not args.no_torch)
     if args.json:
         print(json.dumps(report_json(facts, report), indent=2), file=ctx.out)
     else:
