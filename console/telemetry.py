@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import math
 import shlex
 import threading
@@ -27,6 +28,8 @@ from typing import Any
 
 from console.remote import script_path
 
+log = logging.getLogger(__name__)
+
 AGENT = "gpu_agent.py"
 #: Where the agent (and a simulation fixture) is cached on a node, under $HOME.
 CACHE_DIR = ".cache/svconsole"
@@ -37,11 +40,13 @@ CACHE_DIR = ".cache/svconsole"
 
 @dataclass(frozen=True, slots=True)
 class GPUProcess:
-    """A compute process on a GPU: pid, GPU memory it holds (MiB) and its command line."""
+    """A compute process on a GPU: pid, GPU memory it holds (MiB), command line, ranks."""
 
     pid: int
     used_mb: float | None
     cmd: str | None
+    rank: int | None = None         # torchrun's RANK and LOCAL_RANK in its environment
+    local_rank: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +150,8 @@ def gpu_from_json(d: dict, position: int = 0) -> GPUReading:
     """A GPU entry of the agent's JSON as a :class:`GPUReading`; wrong types become None."""
     ecc = _dict(d.get("ecc"))
     procs = tuple(
-        GPUProcess(pid=p["pid"], used_mb=_num(p.get("used_mb")), cmd=_str(p.get("cmd")))
+        GPUProcess(pid=p["pid"], used_mb=_num(p.get("used_mb")), cmd=_str(p.get("cmd")),
+                   rank=_int(p.get("rank")), local_rank=_int(p.get("local_rank")))
         for p in _list(d.get("procs")) if isinstance(p, dict) and _int(p.get("pid")) is not None)
     index = _int(d.get("index"))
     return GPUReading(
@@ -417,7 +423,10 @@ class Collector:
         with self._lock:
             subscribers = list(self._subscribers)
         for cb in subscribers:
-            cb(update)
+            try:
+                cb(update)
+            except Exception:  # a broken subscriber must not end the collector
+                log.exception("telemetry subscriber failed on %s", update)
 
     def _set_status(self, status: NodeStatus, reason: str = "") -> None:
         with self._lock:

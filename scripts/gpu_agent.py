@@ -12,7 +12,8 @@ has it. It writes ONE JSON line per interval on stdout::
                "util_mem": 25, "mem_used_mb": 1754, "mem_total_mb": 143771, "temp_c": 54,
                "power_w": 690.8, "power_limit_w": 700.0, "sm_clock_mhz": 1515,
                "throttle": ["sw_power_cap"], "ecc": {"corrected": 0, "uncorrected": 0},
-               "procs": [{"pid": 432, "used_mb": 1130, "cmd": "python train.py"}]}],
+               "procs": [{"pid": 432, "used_mb": 1130, "cmd": "python train.py",
+                          "rank": 3, "local_rank": 1}]}],
      "errors": {"gpu0.power_w": "NVMLError_NotSupported"}}
 
 Sources, in order: NVML through nvidia-ml-py; else one long-lived
@@ -71,6 +72,22 @@ def proc_cmd(pid):
         return None
     text = raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
     return text[:300] or None
+
+
+def gpu_proc(pid, used_mb):
+    """A compute process entry: pid, GPU memory (MiB), command line, and the torchrun ranks
+    (RANK, LOCAL_RANK from /proc/<pid>/environ; None when absent or not readable)."""
+    ranks = {}
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                key, _, value = item.partition(b"=")
+                if key in (b"RANK", b"LOCAL_RANK") and value.isdigit():
+                    ranks[key.decode()] = int(value)
+    except OSError:
+        pass
+    return {"pid": pid, "used_mb": used_mb, "cmd": proc_cmd(pid),
+            "rank": ranks.get("RANK"), "local_rank": ranks.get("LOCAL_RANK")}
 
 
 class HostReader:
@@ -177,8 +194,7 @@ class NvmlSource:
             procs = get("procs", nv.nvmlDeviceGetComputeRunningProcesses, h) or []
             for pr in procs:
                 used = getattr(pr, "usedGpuMemory", None)
-                g["procs"].append({"pid": pr.pid, "used_mb": None if used is None else round(used / MIB, 1),
-                                   "cmd": proc_cmd(pr.pid)})
+                g["procs"].append(gpu_proc(pr.pid, None if used is None else round(used / MIB, 1)))
             gpus.append(g)
         return gpus, errors
 
@@ -320,8 +336,7 @@ class SmiSource:
             if len(parts) != 3 or not parts[1].isdigit():
                 continue
             used = float(parts[2]) if parts[2].replace(".", "", 1).isdigit() else None
-            procs.setdefault(parts[0], []).append(
-                {"pid": int(parts[1]), "used_mb": used, "cmd": proc_cmd(int(parts[1]))})
+            procs.setdefault(parts[0], []).append(gpu_proc(int(parts[1]), used))
         self.procs = procs
 
     def read(self):
@@ -379,7 +394,8 @@ class SimSource:
                 power_w=round(s["power_mw"] / 1000.0, 3), power_limit_w=self.limit_w,
                 sm_clock_mhz=s["sm_clock"], throttle=[], ecc={"corrected": 0, "uncorrected": 0},
                 procs=[{"pid": p["pid"], "used_mb": round(p["used"] / MIB, 1),
-                        "cmd": "python matmul_load.py (simulated)"} for p in s.get("procs", [])])
+                        "cmd": "python matmul_load.py (simulated)", "rank": None,
+                        "local_rank": None} for p in s.get("procs", [])])
             gpus.append(g)
         self.step += 1
         return gpus, {}
@@ -444,13 +460,14 @@ def main(argv=None):
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between lines (default 1)")
     ap.add_argument("--simulate", metavar="FIXTURE", help="replay this nvml.json load_series")
     ap.add_argument("--sim-gpus", type=int, default=8, help="simulated GPU count (default 8)")
-    ap.add_argument("--count", type=int, default=0, help="stop after N lines (0: run until told)")
+    ap.add_argument("--count", type=int, default=0, help="write N lines and exit, whatever stdin does (default 0: until stdin closes)")
     args = ap.parse_args(argv)
     if args.interval <= 0:
         ap.error("--interval must be > 0")
 
     stop = threading.Event()
-    threading.Thread(target=watch_stdin, args=(stop,), daemon=True).start()
+    if not args.count:  # a bounded run (--count) ignores stdin: it ends by itself
+        threading.Thread(target=watch_stdin, args=(stop,), daemon=True).start()
     parent = os.getppid()
     host = HostReader()
     source, reason = open_source(args)

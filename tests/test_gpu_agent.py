@@ -101,11 +101,11 @@ def test_exits_when_its_parent_dies(tmp_path):
 
 
 def test_simulated_lines_replay_the_fixture_and_say_so():
-    p = start_agent("--interval", "0.01", "--count", "30", "--sim-gpus", "8",
-                    "--simulate", str(FIXTURES / "nvml.json"))
-    out = p.stdout.read().decode().splitlines()   # stdin stays open: --count ends it
-    p.stdin.close()
-    assert p.wait(timeout=5) == 0
+    # a bounded run (--count) writes all its lines even with stdin closed from the start
+    out = subprocess.run(
+        [sys.executable, AGENT, "--interval", "0.01", "--count", "30", "--sim-gpus", "8",
+         "--simulate", str(FIXTURES / "nvml.json")], stdin=subprocess.DEVNULL, capture_output=True,
+        text=True, timeout=30, check=True).stdout.splitlines()
     samples = [parse_sample(x) for x in out]
     assert len(samples) == 30
     assert all(s is not None and s.source == "simulated" and s.simulated for s in samples)
@@ -201,7 +201,20 @@ def test_nvml_reader_converts_the_h200_reading(h200):
     assert g["power_w"] == pytest.approx(281.604) and g["power_limit_w"] == 700.0
     assert g["throttle"] == ["gpu_idle"]          # the fixture's mask 1
     assert g["ecc"] == {"corrected": 0, "uncorrected": 0}
-    assert g["procs"] == [{"pid": 432, "used_mb": 1130.0, "cmd": g["procs"][0]["cmd"]}]
+    assert [(p["pid"], p["used_mb"]) for p in g["procs"]] == [(432, 1130.0)]
+
+
+def test_process_entries_carry_torchrun_ranks():
+    env = dict(os.environ, RANK="3", LOCAL_RANK="1")
+    with subprocess.Popen(["sleep", "30"], env=env) as child:
+        try:
+            time.sleep(0.05)
+            entry = agent_module().gpu_proc(child.pid, 512.0)
+        finally:
+            child.kill()
+    assert entry == {"pid": child.pid, "used_mb": 512.0, "cmd": "sleep 30", "rank": 3, "local_rank": 1}
+    s = parse_sample(json.dumps({"t": 1, "gpus": [{"index": 0, "procs": [entry]}]}))
+    assert (s.gpus[0].procs[0].rank, s.gpus[0].procs[0].local_rank) == (3, 1)
 
 
 def test_nvml_field_errors_become_nulls_with_the_reason(h200):
