@@ -1268,6 +1268,9 @@ def validate(text: str, *, name: str = "ds_config.json", profile: TrainingProfil
     if doc.data is None:
         return Report(findings)
     world = cluster.world_size if cluster and cluster.world_size else 1
+    if cluster is not None and not cluster.world_size:
+        findings.append(Finding("info", "cluster", "", "no GPU known on any node: batch sizes "
+                                "were checked for a world size of 1"))
     findings += check_deepspeed(doc, world)
     findings += check_matrix(doc, profile, cluster)
     estimate = None

@@ -495,3 +495,24 @@ def test_finding_str_and_report_json() -> None:
     report = dsconfig.Report([f])
     assert report.summary == "0 errors / 1 warning / ready to launch"
     assert json.loads(json.dumps(report.to_json()))["findings"][0]["line"] == 3
+
+
+def test_data_lists_over_loopback_sshd(loopback: Any, tmp_path: Path) -> None:
+    """The same check through the real SSH pool: ``pool.run`` on every node."""
+    from console.cluster import load_cluster
+    from console.pool import Pool
+
+    data = loopback.shared_dir / "dsconfig-test"
+    data.mkdir(exist_ok=True)
+    (data / "train.jsonl").write_text(json.dumps(GOOD) + "\n" + json.dumps({**GOOD, "key": 3}))
+    profile = default_profile().replace("train_data_set_list", str(data / "train.jsonl")) \
+        .replace("valid_data_set_list", str(data / "val.jsonl"))
+    cluster = load_cluster(loopback.cluster_yaml)
+    pool = Pool(cluster)
+    try:
+        found = dsconfig.check_data_on_nodes(pool.run, cluster.names(), profile)
+    finally:
+        pool.close()
+    assert [f.message for f in found] == [
+        f"node0:{data / 'train.jsonl'}:2: key: must be a non-empty string, got 3",
+        f"{data / 'val.jsonl'} is not readable on node0, node1, node2, node3"]
