@@ -49,6 +49,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal, Protocol
 
+from console import faults
 from console.atomic import atomic_write
 from console.profile import TrainingProfile
 
@@ -1118,8 +1119,6 @@ def _output_dir(profile: TrainingProfile, cluster: ClusterSpec) -> list[Finding]
 def _incompatibilities(data: Mapping[str, Any], cluster: ClusterSpec) -> list[Finding]:
     """Known failures of this config with the nodes' versions (``console.faults``' catalog).
     A failure whose versions are not known is a warning (unconfirmed), not an error."""
-    from console import faults
-
     by_versions: dict[tuple[tuple[str, str], ...], list[str]] = {}
     for node in cluster.nodes:
         by_versions.setdefault(node.versions, []).append(node.name)
