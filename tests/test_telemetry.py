@@ -282,8 +282,8 @@ def test_killed_node_goes_stale_then_comes_back(fresh_loopback):
         c.start()
         try:
             wait_until(lambda: c.status == NodeStatus.LIVE, 15, "the node to be live")
-            lb.kill(1)
             killed = time.monotonic()
+            lb.kill(1)
             wait_until(lambda: c.status != NodeStatus.LIVE, 2 * interval + 1.0, "the node to be marked not live")
             assert time.monotonic() - killed <= 2 * interval + 1.0
             ov_statuses = {"node1": c.status}
