@@ -1,0 +1,506 @@
+"""Launching a training run on every node: the plan, the pre-flight checks, the detached start.
+
+:func:`prepare` asks every node (in parallel, one round trip each, through
+``scripts/launch_node.py inspect``) what the launch needs: the training Python's torch /
+deepspeed / funasr versions, where ``funasr/bin/train_ds.py`` is for that interpreter (resolved on
+the node itself: SenseVoice's ``which funasr`` lookup breaks for some installs), ``torchrun``, the
+GPUs, the NCCL environment file written by setup, whether output_dir is writable, the data lists,
+the master port and the runs already alive. From that it builds the :class:`LaunchPlan` and runs
+the pre-flight :class:`Check` s.
+
+The plan is exact and shown in full before launch (:meth:`LaunchPlan.describe`): per node the
+``torchrun --nnodes N --nproc-per-node G --node-rank R --master-addr M --master-port P ENTRY
+++overrides...`` command line, its environment (CUDA_VISIBLE_DEVICES from the node's ``gpus``, the
+NCCL file's variables, PYTHONUNBUFFERED=1, OMP_NUM_THREADS), its working directory and its log
+file ``<output_dir>/logs/<node>.log`` on the shared storage. ENTRY is ``train_ds.py``, or with
+``entry="cpu-wrapper"`` svconsole's ``sv_train_cpu.py`` (FunASR's trainer on machines without
+CUDA; it adds ``++device=cpu ++backend=gloo``), copied to ``<output_dir>/svconsole/``.
+
+:func:`launch` writes the run record, then starts every node's process group detached (it
+outlives the console and the SSH connection) and returns the :class:`console.runs.RunRecord`.
+:func:`resume_profile` gives a finished or stopped run's profile with ``train_conf.resume=true``:
+launched again, FunASR continues from ``output_dir/model.pt``.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from console import dsconfig
+from console.cluster import Cluster
+from console.pool import Pool, RemoteError
+from console.profile import TrainingProfile, parse_profile
+from console.remote import script_text
+from console.runs import (
+    NodeRun,
+    RunRecord,
+    new_run_id,
+    node_calls,
+    save_record,
+    stop_run,
+)
+
+Entry = Literal["train_ds", "cpu-wrapper"]
+ENTRIES: tuple[Entry, ...] = ("train_ds", "cpu-wrapper")
+NCCL_ENV_FILE = "svconsole/nccl.env"
+"""The NCCL environment file (KEY=VALUE lines) that setup writes, relative to shared_dir."""
+CPU_WRAPPER = "sv_train_cpu.py"
+CPU_OVERRIDES = {"device": "cpu", "backend": "gloo"}
+"""Overrides the CPU entry adds unless the profile's ``extra`` sets them."""
+STACK = ("torch", "deepspeed", "funasr")
+
+
+class LaunchError(RuntimeError):
+    """The run could not be started; the message names the nodes and why."""
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How to launch, beyond the training profile."""
+
+    entry: Entry = "train_ds"
+    """``train_ds`` (FunASR's ``funasr/bin/train_ds.py``) or ``cpu-wrapper`` (no CUDA)."""
+    nproc_per_node: int | None = None
+    """Processes per node; default: the node's GPUs (``gpus`` in cluster.yaml, else all it
+    has), and 1 with the CPU entry."""
+    omp_num_threads: int | None = None
+    """OMP_NUM_THREADS; default: the node's usable CPUs divided by its processes."""
+    master_port: int | None = None
+    """Default: the cluster's ``master_port``."""
+    env: dict[str, str] = field(default_factory=dict)
+    """More environment for the training (e.g. TORCH_EXTENSIONS_DIR), on every node."""
+    cwd: str | None = None
+    """Working directory on the nodes; default output_dir."""
+
+
+# ---------------------------------------------------------------- what the nodes say
+
+
+@dataclass
+class NodeInfo:
+    """One node's answer to ``launch_node.py inspect``; ``error`` when it could not be asked."""
+
+    node: str
+    error: str | None = None
+    python: str | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)
+    train_ds: str | None = None
+    train_ds_error: str | None = None
+    torchrun: str | None = None
+    gpus: list[int] | None = None
+    cpus: int = 1
+    output_dir_error: str | None = None
+    data: dict[str, dict[str, Any]] = field(default_factory=dict)
+    port_error: str | None = None
+    env_file: dict[str, Any] | None = None
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_reply(cls, node: str, reply: Mapping[str, Any]) -> NodeInfo:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(node=node, **{k: v for k, v in reply.items() if k in known})
+
+
+def inspect_nodes(pool: Pool, profile: TrainingProfile, master_port: int) -> dict[str, NodeInfo]:
+    """Ask every node of the pool's cluster what the launch needs (in parallel)."""
+    cluster = pool.cluster
+    env_file = posixpath.join(cluster.shared_dir, NCCL_ENV_FILE)
+    data = [profile.train_data_set_list, profile.valid_data_set_list]
+    per_node = {
+        node.name: {"node": node.name, "output_dir": profile.output_dir, "data": data,
+                    "port": master_port if node.name == cluster.master_node.name else None,
+                    "env_file": env_file}
+        for node in cluster.nodes
+    }
+    replies = node_calls(pool, "inspect", per_node, timeout=60)
+    return {name: NodeInfo(name, error=str(reply)) if isinstance(reply, Exception)
+            else NodeInfo.from_reply(name, reply) for name, reply in replies.items()}
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclass
+class NodePlan:
+    """The exact launch on one node."""
+
+    node: str
+    host: str
+    node_rank: int
+    nproc: int
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    log: str
+
+    def shell_line(self) -> str:
+        """The command as one shell line (``cd DIR && env K=V ... torchrun ...``)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return f"cd {shlex.quote(self.cwd)} && env {env} {shlex.join(self.argv)}"
+
+
+@dataclass
+class LaunchPlan:
+    """What will run where. ``overrides`` are the ``++key=value`` arguments, the same on every
+    node; ``nodes`` in node-rank order (the master first)."""
+
+    run_id: str
+    cluster: str
+    master: str
+    master_addr: str
+    master_port: int
+    output_dir: str
+    entry: Entry
+    overrides: list[str]
+    nodes: list[NodePlan]
+    options: LaunchOptions = field(default_factory=LaunchOptions)
+    env_file: str | None = None
+    """The NCCL environment file whose variables are in each node's env (None: none found)."""
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.nproc for n in self.nodes)
+
+    def describe(self) -> str:
+        """The whole plan as text for the operator, every command and variable in full."""
+        per = {n.nproc for n in self.nodes}
+        procs = f"{per.pop()} process(es) each" if len(per) == 1 else "processes per node vary"
+        lines = [
+            f"run {self.run_id} on cluster {self.cluster}: {self.nnodes} node(s), {procs}, "
+            f"world size {self.world_size}",
+            f"master {self.master} at {self.master_addr}:{self.master_port}; entry {self.entry}",
+            f"output_dir {self.output_dir}",
+            f"NCCL env file: {self.env_file or 'none found (' + NCCL_ENV_FILE + ' under shared_dir)'}",
+        ]
+        for n in self.nodes:
+            lines += ["", f"[{n.node}] node rank {n.node_rank}, host {n.host}, {n.nproc} process(es)",
+                      f"  cwd: {n.cwd}", f"  log: {n.log}", "  env:"]
+            lines += [f"    {k}={v}" for k, v in n.env.items()]
+            head = [a for a in n.argv if not a.startswith("++")]
+            lines.append("  command: " + shlex.join(head) + " \\")
+            tail = [a for a in n.argv if a.startswith("++")]
+            lines += [f"      {shlex.quote(a)}" + (" \\" if i < len(tail) - 1 else "")
+                      for i, a in enumerate(tail)]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LaunchPlan:
+        values = dict(data)
+        values["nodes"] = [NodePlan(**n) for n in values["nodes"]]
+        values["options"] = LaunchOptions(**values.get("options", {}))
+        return cls(**values)
+
+
+class PlanError(ValueError):
+    """The plan cannot be built; one line per problem."""
+
+
+def _overrides(profile: TrainingProfile, entry: Entry) -> list[str]:
+    out = profile.to_overrides()
+    if entry == "cpu-wrapper":
+        out += [f"++{k}={v}" for k, v in CPU_OVERRIDES.items() if k not in profile.extra]
+    return out
+
+
+def _nproc(cluster: Cluster, name: str, info: NodeInfo, options: LaunchOptions) -> int:
+    if options.nproc_per_node is not None:
+        return options.nproc_per_node
+    if options.entry == "cpu-wrapper":
+        return 1
+    gpus = cluster.node(name).gpus
+    count = len(gpus) if gpus is not None else len(info.gpus or [])
+    if count == 0:
+        raise PlanError(f"{name}: no GPU found (use the cpu-wrapper entry to train on CPUs)")
+    return count
+
+
+def _node_env(cluster: Cluster, name: str, info: NodeInfo, nproc: int,
+              options: LaunchOptions) -> dict[str, str]:
+    env: dict[str, str] = {}
+    gpus = cluster.node(name).gpus
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    elif info.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in info.gpus)
+    env.update((info.env_file or {}).get("values") or {})
+    env["PYTHONUNBUFFERED"] = "1"
+    env["OMP_NUM_THREADS"] = str(options.omp_num_threads or max(1, info.cpus // max(1, nproc)))
+    env.update(options.env)
+    return env
+
+
+def build_plan(cluster: Cluster, profile: TrainingProfile, infos: Mapping[str, NodeInfo],
+               options: LaunchOptions = LaunchOptions(), run_id: str | None = None) -> LaunchPlan:
+    """The plan for every node of ``cluster`` (master first). Raises :class:`PlanError` naming
+    each node that lacks what its command needs (reachable, train_ds.py, GPUs)."""
+    master = cluster.master_node
+    order = [master] + [n for n in cluster.nodes if n.name != master.name]
+    port = options.master_port or cluster.master_port
+    overrides = _overrides(profile, options.entry)
+    out = profile.output_dir.rstrip("/")
+    problems, nodes = [], []
+    env_file = None
+    for rank, node in enumerate(order):
+        info = infos.get(node.name) or NodeInfo(node.name, error="not inspected")
+        if info.error:
+            problems.append(f"{node.name}: {info.error}")
+            continue
+        if options.entry == "cpu-wrapper":
+            entry = f"{out}/svconsole/{CPU_WRAPPER}"
+        elif info.train_ds:
+            entry = info.train_ds
+        else:
+            problems.append(f"{node.name}: funasr/bin/train_ds.py not found "
+                            f"({info.train_ds_error or 'funasr missing'})")
+            continue
+        try:
+            nproc = _nproc(cluster, node.name, info, options)
+        except PlanError as exc:
+            problems.append(str(exc))
+            continue
+        if (info.env_file or {}).get("values"):
+            env_file = posixpath.join(cluster.shared_dir, NCCL_ENV_FILE)
+        launcher = [info.torchrun] if info.torchrun else [info.python or "python3", "-m",
+                                                           "torch.distributed.run"]
+        argv = [*launcher, "--nnodes", str(len(order)), "--nproc-per-node", str(nproc),
+                "--node-rank", str(rank), "--master-addr", master.host,
+                "--master-port", str(port), entry, *overrides]
+        nodes.append(NodePlan(node.name, node.host, rank, nproc, argv,
+                              _node_env(cluster, node.name, info, nproc, options),
+                              options.cwd or out, f"{out}/logs/{node.name}.log"))
+    if problems:
+        raise PlanError("\n".join(problems))
+    return LaunchPlan(run_id or new_run_id(), cluster.name, master.name, master.host, port, out,
+                      options.entry, overrides, nodes, options, env_file)
+
+
+# ---------------------------------------------------------------- pre-flight
+
+
+@dataclass(frozen=True)
+class Check:
+    """One pre-flight check; ``node`` is None for checks over the whole cluster."""
+
+    name: str
+    ok: bool
+    message: str
+    node: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.node}: " if self.node else ""
+        return f"[{'ok' if self.ok else 'FAIL'}] {self.name}: {where}{self.message}"
+
+
+def _node_checks(info: NodeInfo, profile: TrainingProfile, master: str) -> list[Check]:
+    n = info.node
+    if info.error:
+        return [Check("reachable", False, info.error, n)]
+    checks = [Check("reachable", True, f"up, Python {info.python}", n)]
+    missing = [p for p in STACK if not info.versions.get(p)
+               and (p != "deepspeed" or profile.train_conf.use_deepspeed)]
+    checks.append(Check("training stack", not missing,
+                        f"{', '.join(missing)} not installed for {info.python}" if missing else
+                        ", ".join(f"{k} {v}" for k, v in info.versions.items() if v), n))
+    checks.append(Check("output_dir", info.output_dir_error is None,
+                        info.output_dir_error or f"{profile.output_dir} is writable", n))
+    for path, found in info.data.items():
+        checks.append(Check("data", bool(found.get("ok")),
+                            found.get("error") or f"{path} is readable", n))
+    if n == master:
+        checks.append(Check("master port", info.port_error is None,
+                            info.port_error or "free", n))
+    others = [f"{r['run_id']} (pids {', '.join(map(str, r['pids']))})" for r in info.runs]
+    checks.append(Check("no other run", not others,
+                        f"svconsole run {'; '.join(others)} is alive here" if others
+                        else "no svconsole run alive", n))
+    env_errors = (info.env_file or {}).get("errors") or []
+    if env_errors or (info.env_file or {}).get("error"):
+        checks.append(Check("NCCL env file", False,
+                            (info.env_file or {}).get("error") or "; ".join(env_errors), n))
+    return checks
+
+
+def _same_versions(infos: Mapping[str, NodeInfo]) -> Check:
+    seen: dict[str, dict[str | None, list[str]]] = {}
+    for info in infos.values():
+        if info.error:
+            continue
+        for pkg in STACK:
+            seen.setdefault(pkg, {}).setdefault(info.versions.get(pkg), []).append(info.node)
+    differ = [f"{pkg}: " + "; ".join(f"{v or 'missing'} on {', '.join(nodes)}"
+                                     for v, nodes in by.items())
+              for pkg, by in seen.items() if len(by) > 1]
+    return Check("same versions", not differ,
+                 " | ".join(differ) if differ else "torch, deepspeed and funasr match on every node")
+
+
+def _data_content(infos: Mapping[str, NodeInfo], profile: TrainingProfile) -> list[Check]:
+    out = []
+    for path in (profile.train_data_set_list, profile.valid_data_set_list):
+        for info in infos.values():
+            found = info.data.get(path) or {}
+            if found.get("ok"):
+                bad = dsconfig.check_jsonl_lines(found.get("head", []), f"{info.node}:{path}")
+                if bad is None and not any(s.strip() for s in found.get("head", [])):
+                    bad = f"{info.node}:{path}: the file is empty"
+                out.append(Check("data format", bad is None,
+                                 bad or f"{path}: SenseVoice fields present"))
+                break
+    return out
+
+
+def _config_check(pool: Pool, plan: LaunchPlan, profile: TrainingProfile,
+                  infos: Mapping[str, NodeInfo]) -> Check:
+    """The DeepSpeed JSON, validated by dsconfig with the plan's real world size."""
+    path = profile.train_conf.deepspeed_config
+    result = pool.run(plan.master, f"cat -- {shlex.quote(path)}", timeout=30)
+    if not result.ok:
+        return Check("deepspeed config", False,
+                     f"{path} is not readable on {plan.master}: "
+                     f"{result.error or result.stderr.strip() or 'exit ' + str(result.exit)}")
+    spec = dsconfig.ClusterSpec(
+        tuple(dsconfig.NodeSpec(n.node, n.nproc, cpu_cores=infos[n.node].cpus)
+              for n in plan.nodes), pool.cluster.shared_dir, "launch plan")
+    report = dsconfig.validate(result.stdout, name=path, profile=profile, cluster=spec)
+    if report.ok:
+        return Check("deepspeed config", True,
+                     f"{path}: valid for world size {plan.world_size} ({report.summary})")
+    return Check("deepspeed config", False, "; ".join(str(f) for f in report.errors[:3]))
+
+
+@dataclass
+class Preparation:
+    """Everything decided before a launch: node answers, the plan (None if it cannot be built),
+    and the pre-flight checks."""
+
+    infos: dict[str, NodeInfo]
+    plan: LaunchPlan | None
+    checks: list[Check]
+    profile: TrainingProfile
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    @property
+    def ok(self) -> bool:
+        return self.plan is not None and not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "checks": [asdict(c) for c in self.checks],
+                "plan": self.plan.to_dict() if self.plan else None}
+
+
+def prepare(pool: Pool, profile: TrainingProfile, options: LaunchOptions = LaunchOptions(),
+            *, run_id: str | None = None) -> Preparation:
+    """Inspect the nodes, build the plan and run every pre-flight check (seconds)."""
+    cluster = pool.cluster
+    infos = inspect_nodes(pool, profile, options.master_port or cluster.master_port)
+    checks = [c for info in infos.values()
+              for c in _node_checks(info, profile, cluster.master_node.name)]
+    checks.append(_same_versions(infos))
+    checks += _data_content(infos, profile)
+    plan = None
+    try:
+        plan = build_plan(cluster, profile, infos, options, run_id)
+        checks.append(Check("plan", True, f"world size {plan.world_size} over {plan.nnodes} "
+                                          f"node(s)"))
+    except PlanError as exc:
+        checks.append(Check("plan", False, str(exc).replace("\n", "; ")))
+    if plan is not None and profile.train_conf.use_deepspeed:
+        checks.append(_config_check(pool, plan, profile, infos))
+    return Preparation(infos, plan, checks, profile)
+
+
+# ---------------------------------------------------------------- launch
+
+
+def _install_cpu_wrapper(pool: Pool, plan: LaunchPlan) -> None:
+    """Copy sv_train_cpu.py to output_dir/svconsole/ on every node, one after another (on
+    shared storage two writers of the same temp file would race)."""
+    data = script_text(CPU_WRAPPER).encode()
+    for node in plan.nodes:
+        pool.put(node.node, data, f"{plan.output_dir}/svconsole/{CPU_WRAPPER}")
+
+
+def launch(pool: Pool, prep: Preparation, state_dir: Path, *, force: bool = False,
+           resumed_from: str | None = None) -> RunRecord:
+    """Start the prepared run on every node, detached, and return its record (saved to
+    output_dir and the local index). Refuses when a pre-flight check failed, unless ``force``.
+    If a node cannot start, the nodes already started are stopped and :class:`LaunchError`
+    says why."""
+    plan = prep.plan
+    if plan is None or (prep.failures and not force):
+        raise LaunchError("pre-flight failed:\n" + "\n".join(str(c) for c in prep.failures))
+    run_dir = f"{plan.output_dir}/svconsole/{plan.run_id}"
+    record = RunRecord(
+        plan.run_id, time.time(), plan.cluster, plan.output_dir, plan.master,
+        [NodeRun(n.node, n.node_rank, n.log, f"{run_dir}/{n.node}.pid",
+                 f"{run_dir}/{n.node}.exit") for n in plan.nodes],
+        plan.to_dict(), prep.profile.to_dict(), resumed_from)
+    try:
+        if plan.entry == "cpu-wrapper":
+            _install_cpu_wrapper(pool, plan)
+        save_record(pool, record, state_dir)
+    except RemoteError as exc:
+        raise LaunchError(str(exc)) from None
+    per_node = {n.node: {"run_id": plan.run_id, "node": n.node, "argv": n.argv, "env": n.env,
+                         "cwd": n.cwd, "log": n.log, "pid_file": record.node(n.node).pid_file,
+                         "exit_file": record.node(n.node).exit_file,
+                         "record": record.record_path}
+                for n in plan.nodes}
+    replies = node_calls(pool, "start", per_node, timeout=60)
+    failed = []
+    for name, reply in replies.items():
+        if isinstance(reply, Exception) or "error" in reply:
+            failed.append(f"{name}: {reply if isinstance(reply, Exception) else reply['error']}")
+            continue
+        node = record.node(name)
+        node.pid, node.start_ticks, node.child = reply["pid"], reply["start_ticks"], reply["child"]
+        node.log_offset, node.started = reply["log_offset"], reply["started"]
+    try:
+        save_record(pool, record, state_dir)
+    except RemoteError as exc:
+        failed.append(str(exc))
+    if failed:
+        stop_run(pool, record, grace=5)
+        raise LaunchError("could not start the run (nodes already started were stopped):\n"
+                          + "\n".join(failed))
+    return record
+
+
+def resume_profile(record: RunRecord, **changes: Any) -> TrainingProfile:
+    """The run's profile with ``train_conf.resume=true`` (FunASR then loads
+    ``output_dir/model.pt`` on every rank) and any ``changes`` (dotted keys, e.g.
+    ``**{"train_conf.max_epoch": 5}``)."""
+    profile = parse_profile(json.dumps(record.profile), f"profile of run {record.id}")
+    profile = profile.replace("train_conf.resume", True)
+    for key, value in changes.items():
+        profile = profile.replace(key, value)
+    return profile
+
+
+def resume_options(record: RunRecord) -> LaunchOptions:
+    """The launch options the run was started with."""
+    return LaunchOptions(**record.plan.get("options", {}))
+
+
+__all__ = [
+    "CPU_OVERRIDES", "Check", "ENTRIES", "Entry", "LaunchError", "LaunchOptions", "LaunchPlan",
+    "NCCL_ENV_FILE", "NodeInfo", "NodePlan", "PlanError", "Preparation", "build_plan",
+    "inspect_nodes", "launch", "prepare", "resume_options", "resume_profile",
+]

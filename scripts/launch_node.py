@@ -1,0 +1,480 @@
+#!/usr/bin/env python3
+"""svconsole's node side of a training run: inspect, start detached, status, stop, follow, scan.
+
+svconsole sends this file over SSH as the program on stdin and names the operation and its
+arguments (base64 JSON) on the command line::
+
+    python3 - inspect <base64-json>
+
+Replies are lines that start with ``@svc``; whatever else the remote shell prints (a ``.bashrc``
+banner) is ignored by the console. Only the standard library is used, so any Python runs it; the
+training interpreter runs it when versions of the training stack are asked for.
+
+Operations:
+
+``inspect``
+    What pre-flight and the launch plan need, in one round trip: the training stack's versions,
+    where ``funasr/bin/train_ds.py`` and ``torchrun`` are for this interpreter, the GPUs, whether
+    the master port is free, whether output_dir is writable, the head of the data lists, the NCCL
+    environment file, and the svconsole runs alive on this node.
+``start``
+    Start the training command detached: a supervisor process forks, calls ``setsid`` (a new
+    session and process group, no terminal) and ignores SIGHUP (as nohup does), starts the
+    command with its output appended to the log, writes a pid file, waits, and records the exit
+    code in an exit file. It outlives the SSH connection and the console. The training processes
+    carry ``SVCONSOLE_RUN_ID``, ``SVCONSOLE_NODE`` and ``SVCONSOLE_RECORD`` in their environment
+    (the SSH session's ``SSH_*`` variables are removed), so any console can find them in ``/proc``.
+``status``
+    Supervisor alive, the run's processes alive, the exit file, the log size.
+``stop``
+    SIGTERM to the supervisor's process group and to every process of the run (torchrun starts
+    each rank in a session of its own), SIGKILL to whatever is left after the grace period, then
+    check that none is left.
+``follow``
+    Stream the log from a byte offset: ``@svcL <end offset> <line>`` for every complete line,
+    ``@svcH <size>`` as a heartbeat when nothing is written, and ``@svcE <reason>`` once the run on
+    this node has ended and every byte was sent.
+``scan``
+    The runs alive on this node (their processes' environment), with their record paths.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+PREFIX = "@svc"
+RUN_VAR, NODE_VAR, RECORD_VAR = "SVCONSOLE_RUN_ID", "SVCONSOLE_NODE", "SVCONSOLE_RECORD"
+PACKAGES = ("torch", "deepspeed", "funasr")
+MAX_CHUNK = 512 * 1024
+"""A log line longer than this (bytes) is sent in pieces of this size."""
+
+
+def reply(payload: object) -> None:
+    sys.stdout.write(f"{PREFIX}J {json.dumps(payload)}\n")
+    sys.stdout.flush()
+
+
+# ---------------------------------------------------------------- processes
+
+
+def start_ticks(pid: int) -> int | None:
+    """Start time of a process in clock ticks (tells a reused pid apart); None if it is gone or
+    a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(")") + 2:].split()
+    if fields[0] in "ZXx":
+        return None
+    return int(fields[19])
+
+
+def alive(pid: int | None, ticks: int | None) -> bool:
+    """Is ``pid`` still the process that started at ``ticks``?"""
+    if not pid:
+        return False
+    now = start_ticks(pid)
+    return now is not None and (ticks is None or now == ticks)
+
+
+def run_processes(run_id: str | None, node: str) -> dict[int, str]:
+    """Live processes of this node tagged with a run (all runs when ``run_id`` is None):
+    pid -> run id. Loopback nodes share one /proc, hence the node name check."""
+    found: dict[int, str] = {}
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        tags = dict(v.split(b"=", 1) for v in env if v.startswith((b"SVCONSOLE_RUN_ID=",
+                                                                     b"SVCONSOLE_NODE=",
+                                                                     b"SVCONSOLE_RECORD=")))
+        rid = tags.get(RUN_VAR.encode(), b"").decode()
+        if rid and tags.get(NODE_VAR.encode(), b"").decode() == node \
+                and (run_id is None or rid == run_id) and start_ticks(int(entry)) is not None:
+            found[int(entry)] = rid
+    return found
+
+
+def record_of(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for var in f.read().split(b"\0"):
+                if var.startswith(b"SVCONSOLE_RECORD="):
+                    return var.split(b"=", 1)[1].decode()
+    except OSError:
+        pass
+    return None
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- inspect
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _train_ds() -> tuple[str | None, str | None]:
+    """funasr/bin/train_ds.py of this interpreter, found without importing funasr."""
+    from importlib.util import find_spec
+
+    try:
+        spec = find_spec("funasr")
+    except (ImportError, ValueError) as exc:
+        return None, str(exc)
+    if spec is None or not spec.submodule_search_locations:
+        return None, f"funasr is not installed for {sys.executable}"
+    for base in spec.submodule_search_locations:
+        path = os.path.join(base, "bin", "train_ds.py")
+        if os.path.isfile(path):
+            return path, None
+    return None, f"funasr at {list(spec.submodule_search_locations)} has no bin/train_ds.py"
+
+
+def _gpus() -> list[int] | None:
+    """GPU indices from nvidia-smi; None when there is no nvidia-smi."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return [int(x) for x in out.split() if x.strip().isdigit()]
+
+
+def _port_free(port: int) -> str | None:
+    """None when ``port`` can be bound on every interface (as torchrun's store does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            return f"port {port} is in use ({exc.strerror})"
+    return None
+
+
+def _writable(directory: str) -> str | None:
+    try:
+        os.makedirs(os.path.join(directory, "logs"), exist_ok=True)
+        probe = os.path.join(directory, f".svconsole-write-test-{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.unlink(probe)
+    except OSError as exc:
+        return f"{directory}: {exc.strerror or exc}"
+    return None
+
+
+def _head(path: str, lines: int) -> dict:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = [line.rstrip("\n") for _, line in zip(range(lines), f, strict=False)]
+    except OSError as exc:
+        return {"ok": False, "error": f"{path}: {exc.strerror or exc}"}
+    return {"ok": True, "head": head}
+
+
+def _env_file(path: str) -> dict:
+    """KEY=VALUE lines (``export`` allowed, ``#`` comments); quotes around a value removed."""
+    if not os.path.exists(path):
+        return {"exists": False}
+    values, bad = {}, []
+    try:
+        with open(path) as f:
+            for number, raw in enumerate(f, 1):
+                line = raw.strip()
+                if not line or line.startswith("#"):
+                    continue
+                line = line.removeprefix("export ").strip()
+                key, sep, value = line.partition("=")
+                if not sep or not key.replace("_", "").isalnum():
+                    bad.append(f"{path}:{number}: not KEY=VALUE: {raw.strip()}")
+                    continue
+                values[key] = value.strip().strip("'\"")
+    except OSError as exc:
+        return {"exists": True, "error": f"{path}: {exc.strerror or exc}"}
+    return {"exists": True, "values": values, "errors": bad}
+
+
+def inspect(args: dict) -> dict:
+    train_ds, train_ds_error = _train_ds()
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    out = {
+        "python": sys.executable,
+        "versions": _versions(),
+        "train_ds": train_ds,
+        "train_ds_error": train_ds_error,
+        "torchrun": torchrun if os.access(torchrun, os.X_OK) else None,
+        "gpus": _gpus(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "output_dir_error": _writable(args["output_dir"]) if args.get("output_dir") else None,
+        "data": {p: _head(p, args.get("head_lines", 20)) for p in args.get("data", [])},
+        "port_error": _port_free(args["port"]) if args.get("port") else None,
+        "env_file": _env_file(args["env_file"]) if args.get("env_file") else None,
+        "runs": scan(args),
+    }
+    return out
+
+
+# ---------------------------------------------------------------- start
+
+
+def _training_env(args: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SSH_")}
+    env.update(args.get("env") or {})
+    env.update({RUN_VAR: args["run_id"], NODE_VAR: args["node"], RECORD_VAR: args["record"]})
+    return env
+
+
+def _supervise(args: dict, report: int) -> None:
+    """The detached supervisor (session leader): run the command, record its exit."""
+    stop = {"signal": None}
+
+    def on_term(signum: int, _frame: object) -> None:
+        stop["signal"] = signum  # the command gets the same signal through the process group
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    log = open(args["log"], "ab")
+    offset = log.seek(0, os.SEEK_END)
+    try:
+        child = subprocess.Popen(args["argv"], cwd=args["cwd"], env=_training_env(args),
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    except OSError as exc:
+        os.write(report, json.dumps({"error": f"cannot start {args['argv'][0]}: "
+                                               f"{exc.strerror or exc}"}).encode())
+        os._exit(1)
+    me = os.getpid()
+    info = {"run_id": args["run_id"], "node": args["node"], "pid": me, "pgid": os.getpgid(me),
+            "start_ticks": start_ticks(me), "child": child.pid, "log_offset": offset,
+            "started": time.time(), "host": socket.gethostname()}
+    write_json(args["pid_file"], info)
+    os.write(report, json.dumps(info).encode())
+    os.close(report)
+    while True:
+        try:
+            code = child.wait()
+            break
+        except InterruptedError:
+            continue
+    write_json(args["exit_file"], {"code": code, "stop_signal": stop["signal"],
+                                   "ended": time.time()})
+    log.close()
+
+
+def start(args: dict) -> dict:
+    for key in ("log", "pid_file", "exit_file"):
+        os.makedirs(os.path.dirname(args[key]), exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(args["exit_file"])
+    if not os.path.isdir(args["cwd"]):
+        return {"error": f"working directory {args['cwd']} does not exist"}
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the supervisor
+        os.close(read_end)
+        try:
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            _supervise(args, write_end)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    data = b""
+    while chunk := os.read(read_end, 65536):
+        data += chunk
+    os.close(read_end)
+    if not data:
+        return {"error": "the supervisor died before starting the command"}
+    return json.loads(data)
+
+
+# ---------------------------------------------------------------- status, stop, scan
+
+
+def status(args: dict) -> dict:
+    try:
+        size = os.path.getsize(args["log"])
+    except OSError:
+        size = None
+    return {"alive": alive(args.get("pid"), args.get("start_ticks")),
+            "processes": sorted(run_processes(args["run_id"], args["node"])),
+            "exit": read_json(args["exit_file"]), "log_size": size}
+
+
+def _signal_all(pgid: int | None, pids: list[int], sig: int) -> None:
+    if pgid:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _left(args: dict) -> list[int]:
+    left = set(run_processes(args["run_id"], args["node"]))
+    if alive(args.get("pid"), args.get("start_ticks")):
+        left.add(args["pid"])
+    return sorted(left)
+
+
+def _wait_gone(args: dict, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (left := _left(args)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def stop(args: dict) -> dict:
+    pgid = args.get("pid") if alive(args.get("pid"), args.get("start_ticks")) else None
+    first = _left(args)
+    _signal_all(pgid, first, signal.SIGTERM)
+    left = _wait_gone(args, float(args.get("grace", 20)))
+    killed: list[int] = []
+    if left:
+        killed = left
+        _signal_all(pgid, left, signal.SIGKILL)
+        left = _wait_gone(args, 10.0)
+    if not left and args.get("exit_file") and not os.path.exists(args["exit_file"]):
+        # the supervisor was killed before it could record the end: record the stop for it
+        write_json(args["exit_file"], {"code": -signal.SIGKILL if killed else None,
+                                       "stop_signal": signal.SIGKILL if killed else signal.SIGTERM,
+                                       "ended": time.time()})
+    return {"terminated": first, "killed": killed, "remaining": left}
+
+
+def scan(args: dict) -> list[dict]:
+    runs: dict[str, dict] = {}
+    for pid, run_id in run_processes(None, args["node"]).items():
+        entry = runs.setdefault(run_id, {"run_id": run_id, "pids": [], "record": record_of(pid)})
+        entry["pids"].append(pid)
+    return sorted(runs.values(), key=lambda r: r["run_id"])
+
+
+# ---------------------------------------------------------------- follow
+
+
+def _emit(kind: str, text: str) -> None:
+    sys.stdout.buffer.write(f"{PREFIX}{kind} {text}\n".encode())
+
+
+def _ended(args: dict) -> str | None:
+    """Why following may stop: asked to stop at the end of the file (``once``), the exit file
+    is there, or the supervisor is gone."""
+    if args.get("once"):
+        return "eof"
+    if args.get("exit_file") and os.path.exists(args["exit_file"]):
+        return "exited"
+    if args.get("pid") and not alive(args["pid"], args.get("start_ticks")):
+        return "gone"
+    return None
+
+
+def follow(args: dict) -> None:
+    path, offset = args["log"], int(args.get("offset", 0))
+    poll, heartbeat = float(args.get("poll", 0.2)), float(args.get("heartbeat", 2.0))
+    partial = b""
+    quiet_since = time.monotonic()
+    f = None
+    while True:
+        if f is None:
+            try:
+                f = open(path, "rb")
+                f.seek(offset)
+            except OSError:
+                f = None
+        chunk = f.read(MAX_CHUNK) if f is not None else b""
+        if chunk:
+            partial += chunk
+            while True:
+                end = partial.find(b"\n", 0, MAX_CHUNK + 1)
+                if end < 0 and len(partial) <= MAX_CHUNK:
+                    break
+                cut = end if end >= 0 else MAX_CHUNK
+                offset += cut + (1 if end >= 0 else 0)
+                sys.stdout.buffer.write(f"{PREFIX}L {offset} ".encode() + partial[:cut] + b"\n")
+                partial = partial[cut + (1 if end >= 0 else 0):]
+            sys.stdout.flush()
+            quiet_since = time.monotonic()
+            continue
+        why = _ended(args)
+        if why is not None:
+            rest = f.read() if f is not None else b""
+            if rest:
+                partial += rest
+                continue
+            if partial:  # a last line without its newline
+                offset += len(partial)
+                sys.stdout.buffer.write(f"{PREFIX}L {offset} ".encode() + partial + b"\n")
+            _emit("E", why)
+            sys.stdout.flush()
+            return
+        if time.monotonic() - quiet_since >= heartbeat:
+            _emit("H", str(offset + len(partial)))
+            sys.stdout.flush()
+            quiet_since = time.monotonic()
+        time.sleep(poll)
+
+
+OPERATIONS = {"inspect": inspect, "start": start, "status": status, "stop": stop, "scan": scan}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in (*OPERATIONS, "follow"):
+        sys.stderr.write(f"usage: launch_node.py {{{'|'.join(OPERATIONS)}|follow}} BASE64-JSON\n")
+        return 2
+    args = json.loads(base64.b64decode(argv[1]))
+    if argv[0] == "follow":
+        follow(args)
+    else:
+        reply(OPERATIONS[argv[0]](args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,199 @@
+"""Runs on real loopback sshd nodes: detached start, records, finding runs again, exit codes,
+stop (SIGTERM, then SIGKILL for what ignores it, every process checked in /proc).
+
+The training command here is a small Python program (fast); the real FunASR training through the
+same path is in tests/test_launch.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from console import runs
+from console.cluster import load_cluster
+from console.launch import LaunchPlan, NodePlan, Preparation, launch
+from console.pool import Pool
+from console.profile import default_profile
+
+PROGRAM = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
+    steps, code, stubborn, gate = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+    if stubborn:  # ignores SIGTERM, and has a child in a session of its own (as torchrun's ranks)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                          "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"],
+                         start_new_session=True)
+    for i in range(steps):
+        print(f"step {i} on {os.environ['SVCONSOLE_NODE']}", flush=True)
+        time.sleep(0.1)
+    while os.path.exists(gate):  # the test holds the run open until it removes the gate
+        time.sleep(0.1)
+    sys.exit(code)
+""")
+
+
+def tagged(run_id: str) -> dict[int, str]:
+    """Every live process on this machine (all loopback nodes) carrying the run id: pid -> node."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and f"SVCONSOLE_RUN_ID={run_id}".encode() in env:
+            node = [v for v in env if v.startswith(b"SVCONSOLE_NODE=")][0].split(b"=")[1]
+            found[int(entry)] = node.decode()
+    return found
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(v.decode().split("=", 1) for v in raw if b"=" in v)
+
+
+@pytest.fixture
+def cluster2(fresh_loopback):
+    lb = fresh_loopback(2)
+    return lb, load_cluster(lb.cluster_yaml)
+
+
+@pytest.fixture
+def pools(cluster2) -> Iterator[list[Pool]]:
+    made: list[Pool] = []
+    yield made
+    for pool in made:
+        pool.close()
+
+
+def dummy_plan(lb, cluster, out: Path, *, steps: int, code: int = 0, stubborn: bool = False,
+               gate: Path | None = None) -> Preparation:
+    """A plan running PROGRAM on both nodes; while ``gate`` exists the program does not end."""
+    nodes = [NodePlan(n.name, n.host, rank, 1,
+                      [sys.executable, "-c", PROGRAM, str(steps), str(code),
+                       "1" if stubborn else "0", str(gate or "")],
+                      {"PYTHONUNBUFFERED": "1"}, str(out), f"{out}/logs/{n.name}.log")
+             for rank, n in enumerate(cluster.nodes)]
+    plan = LaunchPlan(runs.new_run_id(), cluster.name, "node0", nodes[0].host, 1, str(out),
+                      "train_ds", [], nodes)
+    profile = default_profile().replace("output_dir", str(out))
+    return Preparation({}, plan, [], profile)
+
+
+def wait_state(pool: Pool, record: runs.RunRecord, state: str, timeout: float = 30) -> runs.RunStatus:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = runs.run_status(pool, record)
+        if status.state == state or time.monotonic() > deadline:
+            return status
+        time.sleep(0.3)
+
+
+def test_detached_run_outlives_the_console_and_is_found_again(cluster2, pools, tmp_path):
+    lb, cluster = cluster2
+    out = lb.shared_dir / "out"
+    state = tmp_path / "state"
+    pool = Pool(cluster)
+    pools.append(pool)
+    gate = tmp_path / "gate"
+    gate.touch()
+    record = launch(pool, dummy_plan(lb, cluster, out, steps=25, gate=gate), state)
+    pool.close()  # the console goes away: every SSH connection is closed
+
+    for node in record.nodes:
+        assert runs.NodeRun and node.pid and Path(f"/proc/{node.pid}").exists(), node
+    procs = tagged(record.id)
+    assert sorted(set(procs.values())) == ["node0", "node1"]
+    training = environ(next(iter(procs)))
+    assert training["SVCONSOLE_RECORD"] == f"{out}/svconsole-run.json"
+    assert not any(k.startswith("SSH_") for k in training), "the SSH session's env leaked"
+
+    shared = json.loads((out / "svconsole-run.json").read_text())
+    assert shared["id"] == record.id and [n["pid"] for n in shared["nodes"]] == \
+        [n.pid for n in record.nodes]
+    assert (state / "runs" / f"{record.id}.json").is_file()
+
+    again = Pool(cluster)  # a new console
+    pools.append(again)
+    found = runs.find_runs(again, state)
+    assert [s.record.id for s in found] == [record.id] and found[0].state == "running"
+    assert all(s.alive for s in found[0].nodes.values()), found[0].nodes
+
+    gate.unlink()
+    done = wait_state(again, record, "finished")
+    assert done.state == "finished", done
+    assert {n: s.exit for n, s in done.nodes.items()} == {"node0": 0, "node1": 0}
+    assert not tagged(record.id)
+    for node in ("node0", "node1"):
+        lines = (out / "logs" / f"{node}.log").read_text().splitlines()
+        assert lines == [f"step {i} on {node}" for i in range(25)]
+
+
+def test_a_console_elsewhere_finds_the_live_run_through_the_nodes(cluster2, pools, tmp_path):
+    lb, cluster = cluster2
+    out = lb.shared_dir / "out"
+    pool = Pool(cluster)
+    pools.append(pool)
+    record = launch(pool, dummy_plan(lb, cluster, out, steps=100), tmp_path / "here")
+    try:
+        elsewhere = tmp_path / "elsewhere"  # empty index: only the nodes know
+        found = runs.find_runs(pool, elsewhere, live_only=True)
+        assert [s.record.id for s in found] == [record.id]
+        assert runs.find_record(elsewhere, record.id[:15]).id == record.id
+    finally:
+        runs.stop_run(pool, record, grace=5)
+
+
+def test_exit_codes_are_recorded(cluster2, pools, tmp_path):
+    lb, cluster = cluster2
+    pool = Pool(cluster)
+    pools.append(pool)
+    record = launch(pool, dummy_plan(lb, cluster, lb.shared_dir / "out", steps=2, code=3),
+                    tmp_path)
+    status = wait_state(pool, record, "failed")
+    assert status.state == "failed"
+    assert {n: s.exit for n, s in status.nodes.items()} == {"node0": 3, "node1": 3}
+
+
+def test_stop_kills_every_process_on_every_node(cluster2, pools, tmp_path):
+    lb, cluster = cluster2
+    pool = Pool(cluster)
+    pools.append(pool)
+    record = launch(pool, dummy_plan(lb, cluster, lb.shared_dir / "out", steps=6000,
+                                     stubborn=True), tmp_path)
+    deadline = time.monotonic() + 20
+    while len(tagged(record.id)) < 4 and time.monotonic() < deadline:  # 2 programs + 2 children
+        time.sleep(0.1)
+    before = tagged(record.id)
+    assert sorted(before.values()).count("node1") >= 2
+
+    started = time.monotonic()
+    result = runs.stop_run(pool, record, grace=1.0)
+    assert time.monotonic() - started < 15
+    assert all(r.ok for r in result.values()), result
+    for node, r in result.items():  # SIGTERM was ignored: SIGKILL was needed, nothing is left
+        assert r.killed and not r.remaining, (node, r)
+        assert set(r.killed) >= {p for p, n in before.items() if n == node}
+    assert not tagged(record.id)
+    for node in record.nodes:
+        assert not Path(f"/proc/{node.pid}/stat").exists() or \
+            Path(f"/proc/{node.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    status = runs.run_status(pool, record)
+    assert status.state == "stopped"
+    assert {s.stop_signal for s in status.nodes.values()} == {signal.SIGKILL}
+
+
+def test_unknown_run_is_named(tmp_path):
+    with pytest.raises(runs.RunNotFound, match="no run 'nope'; known runs: none"):
+        runs.find_record(tmp_path, "nope")
