@@ -359,3 +359,15 @@ def test_gpus_command_rejects_unknown_nodes(loopback, capsys):
 
     assert cli.main(["--config", str(loopback.cluster_yaml), "gpus", "--nodes", "node9"]) == 2
     assert "unknown node(s) node9" in capsys.readouterr().err
+
+
+def test_missing_cluster_python_falls_back_to_python3(loopback):
+    cluster = load_cluster(loopback.cluster_yaml)
+    with Pool(cluster) as pool:
+        c = Collector(pool, "node0", interval=0.2, python="/nonexistent/venv/bin/python")
+        c.start()
+        try:
+            wait_until(lambda: c.latest is not None, 20, "a sample from python3")
+            assert c.latest.no_gpu and c.status == NodeStatus.LIVE
+        finally:
+            c.stop()
