@@ -447,6 +447,10 @@ class LoopbackCluster:
             "MaxSessions 64",
             "MaxStartups 100:30:200",
             "AcceptEnv LANG LC_*",
+            # A login shell whose .bashrc runs `pyenv init` takes pyenv's rehash lock; a session
+            # killed meanwhile (the tests kill sessions on purpose) leaves the lock behind and
+            # every later shell waits 60 s for it. Real nodes rarely see such kills; here, wait 2 s.
+            "SetEnv PYENV_REHASH_TIMEOUT=2",
             f"AllowUsers {self.user}",
             "LogLevel VERBOSE",
         ]
