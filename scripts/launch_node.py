@@ -419,6 +419,8 @@ def follow(args: dict) -> None:
     path, offset = args["log"], int(args.get("offset", 0))
     poll, heartbeat = float(args.get("poll", 0.2)), float(args.get("heartbeat", 2.0))
     partial = b""
+    _emit("H", str(offset))  # started: the console now expects a line every heartbeat
+    sys.stdout.flush()
     quiet_since = time.monotonic()
     f = None
     while True:
