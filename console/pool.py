@@ -157,6 +157,7 @@ class _Process:
     """A started command, SSH channel or local subprocess: raw chunks out, stdin in."""
 
     node: str
+    deadline: float | None = None  # monotonic time; bounds writes to stdin too
 
     def chunks(self, deadline: float | None) -> Iterator[tuple[str, bytes]]:
         """Yield ("out"|"err", data) until the command's output ends; raise _Timeout at deadline."""
@@ -213,6 +214,8 @@ class _ChannelProcess(_Process):
         return ch.exit_status
 
     def write(self, data: bytes) -> None:
+        left = _remaining(self.deadline)
+        self.channel.settimeout(None if left is None else max(0.001, left))
         self.channel.sendall(data)
 
     def close_stdin(self) -> None:
@@ -597,6 +600,8 @@ class Pool:
 
     def _connect(self, peer: _Peer, deadline: float | None) -> paramiko.Transport:
         """The peer's live transport, opening it if needed (under the peer's lock)."""
+        if self._closed:
+            raise _Failure("the pool is closed")
         transport = peer.transport()
         if transport is not None:
             return transport
@@ -720,21 +725,21 @@ class Pool:
         raise AssertionError("unreachable")
 
     def _command(self, peer: _Peer, cmd: str, env: dict[str, str] | None, sudo: bool,
-                 deadline: float | None) -> tuple[str, bytes]:
-        """The command line to send and what to write to its stdin first (sudo's password)."""
+                 deadline: float | None) -> tuple[str, str | None]:
+        """The command line to send, and sudo's password when it needs one (asked only then)."""
         prefix = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
         if not sudo:
-            return prefix + cmd, b""
+            return prefix + cmd, None
         mode = self._sudo_mode(peer, deadline)
         inner = shlex.quote(prefix + cmd)
         if mode == "root":
-            return f"bash -c {inner}", b""
+            return f"bash -c {inner}", None
         if mode == "nopass":
-            return f"sudo -n bash -c {inner}", b""
+            return f"sudo -n bash -c {inner}", None
         password = self._sudo_password() if self._sudo_password is not None else None
         if not password:
             raise _Failure(f"sudo on {peer.node.name} needs a password and none was given")
-        return f"sudo -S -p '' bash -c {inner}", (password + "\n").encode()
+        return f"sudo -S -p '' bash -c {inner}", password
 
     def _sudo_mode(self, peer: _Peer, deadline: float | None) -> str:
         if peer.sudo_mode is None:
@@ -743,14 +748,6 @@ class Pool:
                 raise _Failure(result.error)
             peer.sudo_mode = result.stdout.strip() or "password"
         return peer.sudo_mode
-
-    def _redactor(self, sudo: bool) -> Callable[[str], str]:
-        if not sudo or self._sudo_password is None:
-            return str
-        password = self._sudo_password()
-        if not password:
-            return str
-        return lambda text: text.replace(password, REDACTED)
 
     # ----------------------------------------------------------------- public commands
 
@@ -772,14 +769,16 @@ class Pool:
         """
         peer = self._peer(node)
         deadline = None if timeout is None else time.monotonic() + timeout
-        data = stdin.encode() if isinstance(stdin, str) else stdin
-        redact = self._redactor(sudo)
+        data = (stdin.encode() if isinstance(stdin, str) else stdin) or b""
         try:
-            command, first = self._command(peer, cmd, env, sudo, deadline)
+            command, password = self._command(peer, cmd, env, sudo, deadline)
         except _Failure as exc:
-            return Result(node, None, "", "", 0.0, redact(str(exc)))
-        return self._execute(peer, command, deadline=deadline, stdin=first + (data or b""),
-                             redact=redact, timeout=timeout)
+            return Result(node, None, "", "", 0.0, str(exc))
+        if password is None:
+            return self._execute(peer, command, deadline=deadline, stdin=data, timeout=timeout)
+        return self._execute(peer, command, deadline=deadline, timeout=timeout,
+                             stdin=(password + "\n").encode() + data,
+                             redact=lambda text: text.replace(password, REDACTED))
 
     def _execute(
         self,
@@ -798,9 +797,13 @@ class Pool:
         process: _Process | None = None
         try:
             process = self._start(peer, command, deadline)
-            if stdin:
-                process.write(stdin)
-            process.close_stdin()
+            process.deadline = deadline
+            try:
+                if stdin:
+                    process.write(stdin)
+                process.close_stdin()
+            except OSError:
+                pass  # the command ended or closed its stdin: its output and exit still count
             for fd, data in process.chunks(deadline):
                 buffer = out if fd == "out" else err
                 buffer += data[: max(0, MAX_RESULT - len(buffer))]
@@ -848,6 +851,7 @@ class Pool:
             process = self._start(peer, cmd, connect_deadline)
         except _Failure as exc:
             return Stream(node, None, error=str(exc))
+        process.deadline = deadline
         try:
             if stdin is not None:
                 process.write(stdin.encode() if isinstance(stdin, str) else stdin)
