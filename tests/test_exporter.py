@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from test_telemetry import agent_pids  # tests/ is on sys.path (conftest.py lives there)
 
 from console.cluster import load_cluster
 from console.exporter import METRICS, Exporter, is_loopback
@@ -79,22 +80,6 @@ def wait_for(predicate, timeout: float, what: str, explain=lambda: ""):
         if time.monotonic() > end:
             raise AssertionError(f"timed out after {timeout} s waiting for {what} {explain()}")
         time.sleep(0.1)
-
-
-def agent_pids(marker: str) -> list[int]:
-    """Live GPU agent processes on this machine (the loopback nodes' /proc) with ``marker``."""
-    pids = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if "gpu_agent-" in cmd and marker in cmd and state != "Z":
-            pids.append(int(p.name))
-    return pids
 
 
 def last_train_line(path: Path) -> dict[str, float]:
@@ -440,3 +425,56 @@ def test_metric_name_parser_is_not_blind():
     assert metric_names("label_values(svconsole_run_step, run)") == {"svconsole_run_step"}
     assert metric_names("max(svconsole_run_grad_sync_median_seconds) > 0.5") \
         == {"svconsole_run_grad_sync_median_seconds"}
+
+
+# ---------------------------------------------------------------------------- run discovery
+
+
+def test_run_watcher_finds_a_live_run_follows_its_log_and_drops_it_after_the_end(loopback,
+                                                                                 tmp_path):
+    """A run in the local index whose supervisor is alive on node0 (a stand-in process here;
+    the log is the real FunASR one) is found, followed over SSH into a store, and dropped once
+    its logs ended and the retention passed."""
+    from console.exporter import RunWatcher
+    from console.runs import NodeRun, RunRecord, index_record, new_run_id
+
+    cluster = load_cluster(loopback.cluster_yaml)
+    log = tmp_path / "logs" / "node0.log"
+    log.parent.mkdir()
+    log.write_bytes(TRAIN_LOG.read_bytes())
+    supervisor = subprocess.Popen(["sleep", "120"])
+    record = RunRecord(id=new_run_id(), created=time.time(), cluster=cluster.name,
+                       output_dir=str(tmp_path), master="node0",
+                       nodes=[NodeRun(node="node0", node_rank=0, log=str(log),
+                                      pid_file=str(tmp_path / "node0.pid"),
+                                      exit_file=str(tmp_path / "node0.exit.json"),
+                                      pid=supervisor.pid)])
+    index_record(record, tmp_path)
+    want = last_train_line(TRAIN_LOG)
+    try:
+        with Pool(cluster) as pool:
+            watcher = RunWatcher(pool, tmp_path, interval=0, retain_s=0)
+            watcher.poll()
+            [watched] = watcher.runs()
+            assert watched.run_id == record.id and watched.follower is not None
+
+            def followed():
+                ranks = watched.store.ranks()
+                return ranks and ranks[0].last_step == want["step"]
+
+            wait_for(followed, 20, "the log to be followed to its last train line")
+            [rank] = watched.store.ranks()
+            assert (rank.node, rank.loss, rank.lr) == ("node0", want["loss"], want["lr"])
+            watcher.poll()
+            assert [w.run_id for w in watcher.runs()] == [record.id]   # still live: kept
+            supervisor.terminate()
+            supervisor.wait()
+            wait_for(lambda: watched.follower.ended, 20, "the follower to see the run end")
+            watcher.poll()   # ended: retention starts
+            watcher.poll()   # retention (0 s) passed: dropped, not found again
+            assert watcher.runs() == []
+            watcher.stop()
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
