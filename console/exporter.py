@@ -53,8 +53,6 @@ from console.telemetry import GPUReading, NodeStatus, Sample, Telemetry, agent_m
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = 9877
-DEFAULT_BIND = "127.0.0.1"
 MIB = 1024 * 1024
 GIB = 1024 ** 3  # FunASR logs GPU memory as torch's bytes / 1024**3, printed as "GB"
 
@@ -497,9 +495,9 @@ class Exporter:
         self._server: Any = None
         self._server_thread: threading.Thread | None = None
 
-    def serve(self, port: int = DEFAULT_PORT, bind: str = DEFAULT_BIND) -> tuple[str, int]:
-        """Listen on ``bind:port`` (port 0: any free port); returns the address really bound.
-        Raises OSError when it cannot listen."""
+    def serve(self, port: int, bind: str = "127.0.0.1") -> tuple[str, int]:
+        """Listen on ``bind:port`` (port 0: any free port; bind: loopback unless told);
+        returns the address really bound. Raises OSError when it cannot listen."""
         self._server, self._server_thread = start_http_server(port, bind, registry=self.registry)
         host, bound = self._server.server_address[:2]
         return host, bound

@@ -20,10 +20,12 @@ from pathlib import Path
 
 from console.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context
 
+#: Where Prometheus finds the exporter by default: this machine only.
+DEFAULT_PORT = 9877
+DEFAULT_BIND = "127.0.0.1"
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from console.exporter import DEFAULT_BIND, DEFAULT_PORT
-
     parser = subparsers.add_parser(
         "exporter",
         help="serve nodes, GPUs and training runs as Prometheus metrics",
