@@ -210,6 +210,16 @@ def find_record(state_dir: Path, run: str) -> RunRecord:
     raise RunNotFound(f"no run {run!r}; known runs: {known}")
 
 
+def resolve_run(pool: Pool, state_dir: Path, run: str) -> RunRecord:
+    """Like :func:`find_record`; a run not in the local index is looked for on the nodes
+    (:func:`find_runs`) before giving up."""
+    try:
+        return find_record(state_dir, run)
+    except RunNotFound:
+        find_runs(pool, state_dir, live_only=True)
+        return find_record(state_dir, run)
+
+
 # ---------------------------------------------------------------- state
 
 
@@ -363,6 +373,6 @@ def stop_run(pool: Pool, record: RunRecord, *, grace: float = 20.0) -> dict[str,
 __all__ = [
     "NodeCallError", "NodeRun", "NodeState", "RECORD_NAME", "RunNotFound", "RunRecord",
     "RunState", "RunStatus", "StopResult", "find_record", "find_runs", "load_index",
-    "new_run_id", "node_call", "node_calls", "node_command", "node_stream", "run_status",
+    "new_run_id", "node_call", "resolve_run", "node_calls", "node_command", "node_stream", "run_status",
     "save_record", "scan_nodes", "stop_run",
 ]

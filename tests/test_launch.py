@@ -1,0 +1,341 @@
+"""The launch: the exact plan, pre-flight checks on loopback nodes, and end to end the real tiny
+SenseVoice trained by FunASR's train_ds.py under torchrun + DeepSpeed ZeRO-1 (gloo) on two
+loopback nodes through ``svconsole launch``; the console exits mid-run and a new one reattaches;
+a resumed relaunch continues from output_dir/model.pt and ``svconsole stop`` ends every rank.
+
+DeepSpeed JIT-compiles a CPU comm op on first use (~35 s); it is cached in TORCH_EXTENSIONS_DIR
+(~/.cache/svconsole/torch_extensions, shared with tests/test_tiny_sensevoice.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from console import launch as launching
+from console import runs
+from console.cli import main
+from console.cluster import load_cluster, parse_cluster
+from console.commands import launch as launch_command
+from console.follow import RunFollower, run_metrics
+from console.launch import (
+    Check,
+    LaunchError,
+    LaunchOptions,
+    LaunchPlan,
+    NodeInfo,
+    NodePlan,
+    PlanError,
+    Preparation,
+    build_plan,
+    prepare,
+)
+from console.logparse import TrainStep, parse_file
+from console.pool import Pool
+from console.profile import default_profile
+
+CLUSTER_YAML = """\
+cluster:
+  name: lab
+  shared_dir: /nfs/shared
+  master: a
+  master_port: 29500
+  python: /opt/venv/bin/python
+nodes:
+  - name: a
+    host: 10.0.0.1
+    gpus: [0, 1]
+  - name: b
+    host: 10.0.0.2
+"""
+SAMPLE = {"key": "k1", "source": "/nfs/shared/wav/k1.wav", "source_len": 150,
+          "target": "hello world", "target_len": 2, "text_language": "<|en|>",
+          "emo_target": "<|NEUTRAL|>", "event_target": "<|Speech|>",
+          "with_or_wo_itn": "<|woitn|>"}
+
+
+def info(node: str, **kw) -> NodeInfo:
+    base = {"python": "/opt/venv/bin/python", "train_ds": "/opt/venv/lib/funasr/bin/train_ds.py",
+            "torchrun": "/opt/venv/bin/torchrun", "cpus": 32,
+            "versions": {"torch": "2.13.0", "deepspeed": "0.19.8", "funasr": "1.4.16"}}
+    return NodeInfo(node, **{**base, **kw})
+
+
+# ---------------------------------------------------------------- the plan (no I/O)
+
+
+def test_plan_is_exact_per_node():
+    cluster = parse_cluster(CLUSTER_YAML)
+    profile = default_profile().replace("output_dir", "/nfs/shared/out/")
+    nccl = {"exists": True, "values": {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1"}}
+    infos = {"a": info("a", gpus=[0, 1, 2, 3], env_file=nccl),
+             "b": info("b", gpus=[0, 1, 2, 3], torchrun=None, env_file=nccl)}
+    plan = build_plan(cluster, profile, infos, LaunchOptions(env={"NCCL_DEBUG": "WARN"}),
+                      run_id="r1")
+    a, b = plan.nodes
+    overrides = profile.to_overrides()
+    assert a.argv == ["/opt/venv/bin/torchrun", "--nnodes", "2", "--nproc-per-node", "2",
+                      "--node-rank", "0", "--master-addr", "10.0.0.1", "--master-port", "29500",
+                      "/opt/venv/lib/funasr/bin/train_ds.py", *overrides]
+    assert b.argv[:14] == ["/opt/venv/bin/python", "-m", "torch.distributed.run", "--nnodes", "2",
+                           "--nproc-per-node", "4", "--node-rank", "1", "--master-addr",
+                           "10.0.0.1", "--master-port", "29500",
+                           "/opt/venv/lib/funasr/bin/train_ds.py"]
+    assert a.env == {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_SOCKET_IFNAME": "eth0",
+                     "NCCL_IB_DISABLE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "16",
+                     "NCCL_DEBUG": "WARN"}
+    assert b.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3" and b.env["OMP_NUM_THREADS"] == "8"
+    assert (a.cwd, a.log, b.log) == ("/nfs/shared/out", "/nfs/shared/out/logs/a.log",
+                                     "/nfs/shared/out/logs/b.log")
+    assert plan.world_size == 6 and plan.env_file == "/nfs/shared/svconsole/nccl.env"
+    text = plan.describe()
+    for needed in ("world size 6", "NCCL_SOCKET_IFNAME=eth0", "CUDA_VISIBLE_DEVICES=0,1",
+                   "log: /nfs/shared/out/logs/b.log", "++train_conf.use_deepspeed=true",
+                   "--node-rank 1", "torch.distributed.run"):
+        assert needed in text, needed
+    assert LaunchPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+
+
+def test_cpu_entry_is_explicit_and_bad_nodes_are_named():
+    cluster = parse_cluster(CLUSTER_YAML)
+    profile = default_profile()
+    plan = build_plan(cluster, profile, {"a": info("a", gpus=None), "b": info("b", gpus=None)},
+                      LaunchOptions(entry="cpu-wrapper", nproc_per_node=2))
+    entry = f"{profile.output_dir}/svconsole/sv_train_cpu.py"
+    assert all(n.argv[11] == entry and n.argv[-2:] == ["++device=cpu", "++backend=gloo"]
+               for n in plan.nodes)
+    assert plan.world_size == 4 and "entry cpu-wrapper" in plan.describe()
+    with pytest.raises(PlanError) as err:
+        build_plan(cluster, profile, {"a": info("a", gpus=[0]),
+                                      "b": info("b", gpus=[], error=None)})
+    assert str(err.value) == "b: no GPU found (use the cpu-wrapper entry to train on CPUs)"
+    with pytest.raises(PlanError, match="a: unreachable\nb: funasr/bin/train_ds.py not found "
+                                        r"\(funasr is not installed"):
+        build_plan(cluster, profile, {
+            "a": NodeInfo("a", error="unreachable"),
+            "b": info("b", train_ds=None,
+                      train_ds_error="funasr is not installed for /usr/bin/python3")})
+    assert launch_command.ENTRIES == launching.ENTRIES
+
+
+def test_versions_must_match_on_every_node():
+    infos = {"a": info("a"), "b": info("b"),
+             "c": info("c", versions={"torch": "2.11.0", "deepspeed": "0.19.8", "funasr": None})}
+    check = launching._same_versions(infos)
+    assert not check.ok
+    assert check.message == ("torch: 2.13.0 on a, b; 2.11.0 on c | "
+                             "funasr: 1.4.16 on a, b; missing on c")
+
+
+# ---------------------------------------------------------------- pre-flight on loopback nodes
+
+
+@pytest.fixture
+def lb2(fresh_loopback):
+    lb = fresh_loopback(2)
+    pool = Pool(load_cluster(lb.cluster_yaml))
+    yield lb, pool
+    pool.close()
+
+
+def test_preflight_names_every_failure_and_launch_refuses(lb2, tmp_path):
+    lb, pool = lb2
+    cluster = pool.cluster
+    train = lb.shared_dir / "train.jsonl"
+    train.write_text(json.dumps(SAMPLE) + "\n")
+    profile = (default_profile().replace("output_dir", str(lb.shared_dir / "out"))
+               .replace("train_data_set_list", str(train))
+               .replace("valid_data_set_list", str(lb.shared_dir / "missing.jsonl"))
+               .replace("train_conf.use_deepspeed", False))
+    # another run alive on node1, and the master port taken on the master
+    busy = runs.new_run_id()
+    other = LaunchPlan(busy, cluster.name, "node1", "127.0.1.2", 1, str(lb.shared_dir / "other"),
+                       "train_ds", [], [NodePlan("node1", "127.0.1.2", 0, 1, ["sleep", "120"], {},
+                                                 str(lb.shared_dir), str(lb.shared_dir / "o.log"))])
+    record = launching.launch(pool, Preparation({}, other, [], profile), tmp_path)
+    port = socket.socket()
+    port.bind(("127.0.1.1", cluster.master_port))
+    port.listen()
+    try:
+        started = time.monotonic()
+        prep = prepare(pool, profile, LaunchOptions(entry="cpu-wrapper"))
+        took = time.monotonic() - started
+    finally:
+        port.close()
+        runs.stop_run(pool, record, grace=2)
+    failed = {(c.name, c.node): c.message for c in prep.failures}
+    missing = f"{lb.shared_dir}/missing.jsonl: No such file or directory"
+    assert failed == {
+        ("data", "node0"): missing, ("data", "node1"): missing,
+        ("master port", "node0"): f"port {cluster.master_port} is in use (Address already in use)",
+        ("no other run", "node1"): f"svconsole run {busy} (pids "
+                                   f"{failed[('no other run', 'node1')].split('(pids ')[1]}",
+    }, failed
+    assert Check("data format", True, f"{train}: SenseVoice fields present") in prep.checks
+    assert prep.plan is not None and prep.plan.world_size == 2
+    assert took < 30, took
+    with pytest.raises(LaunchError, match="pre-flight failed:\n.*data: node0: "):
+        launching.launch(pool, prep, tmp_path)
+
+
+# ---------------------------------------------------------------- end to end: real training
+
+
+def _needs_training_stack() -> None:
+    for module in ("torch", "deepspeed", "funasr", "kaldi_native_fbank", "sentencepiece"):
+        pytest.importorskip(module)
+    if shutil.which("g++") is None:
+        pytest.skip("g++ missing: DeepSpeed cannot build its CPU comm op")
+
+
+def tiny_profile(tiny, out: Path, max_epoch: int) -> dict:
+    return {
+        "model": str(tiny.model_dir), "train_data_set_list": str(tiny.train_jsonl),
+        "valid_data_set_list": str(tiny.valid_jsonl), "output_dir": str(out),
+        "params_millions": 1.8,
+        "dataset_conf": {"batch_size": 500, "batch_type": "token", "sort_size": 64,
+                         "num_workers": 0, "data_split_num": 1},
+        "train_conf": {"max_epoch": max_epoch, "log_interval": 1, "validate_interval": 100000,
+                       "save_checkpoint_interval": 100000, "keep_nbest_models": 5,
+                       "avg_keep_nbest_models_type": "loss", "resume": True,
+                       "use_deepspeed": True, "deepspeed_config": str(tiny.ds_config)},
+        "optim_conf": {"lr": 0.0002},
+        "extra": {"disable_update": True, "dataset_conf.batch_sampler": "BatchSampler",
+                  "train_conf.avg_nbest_model": 2},
+    }
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def tagged(run_id: str) -> list[int]:
+    """Live processes on this machine (every loopback node) that belong to the run."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and f"SVCONSOLE_RUN_ID={run_id}\0".encode() in env:
+            found.append(int(entry))
+    return found
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.5)
+
+
+def train_rows(record: runs.RunRecord) -> list[tuple[str, int, int, int, float]]:
+    """(node, rank, epoch, total step, loss) of every train line of the run, read from the files."""
+    rows = []
+    for node in record.nodes:
+        for event in parse_file(node.log):
+            if event.offset >= node.log_offset and isinstance(event, TrainStep):
+                rows.append((node.node, event.rank, event.epoch, event.total_step, event.loss))
+    return rows
+
+
+@pytest.mark.slow
+def test_tiny_sensevoice_two_nodes_launch_reattach_resume_stop(fresh_loopback, tmp_path,
+                                                               capsys, monkeypatch):
+    _needs_training_stack()
+    from svconsole_scripts import tiny_sensevoice
+
+    lb = fresh_loopback(2)
+    tiny = tiny_sensevoice.make(lb.shared_dir / "tiny", samples=8, seconds=1.5)
+    out = lb.shared_dir / "exp"
+    profile_file = tmp_path / "training.yaml"
+    profile_file.write_text(yaml.safe_dump(tiny_profile(tiny, out, max_epoch=1)))
+    state = tmp_path / "state"
+    monkeypatch.setenv("SVCONSOLE_STATE_DIR", str(state))
+    cache = os.environ.get("TORCH_EXTENSIONS_DIR",
+                           str(Path.home() / ".cache" / "svconsole" / "torch_extensions"))
+    common = ["--config", str(lb.cluster_yaml)]
+    launched: list[runs.RunRecord] = []
+    pool = Pool(load_cluster(lb.cluster_yaml))
+    try:
+        # 1. svconsole launch (a whole console process: it exits while the training runs)
+        code, stdout, err = cli(capsys, *common, "launch", "--profile", str(profile_file),
+                                "--entry", "cpu-wrapper", "--env", f"TORCH_EXTENSIONS_DIR={cache}",
+                                "--yes", "--json")
+        reply = json.loads(stdout)
+        assert code == 0, (reply["message"], [c for c in reply["checks"] if not c["ok"]], err)
+        first = runs.RunRecord.from_dict(reply["run"])
+        launched.append(first)
+        assert {n["node"] for n in reply["plan"]["nodes"]} == {"node0", "node1"}
+        assert all("--nnodes" in n["argv"] and n["argv"][n["argv"].index("--nnodes") + 1] == "2"
+                   for n in reply["plan"]["nodes"])
+        assert tagged(first.id), "the training did not outlive the console"
+
+        # 2. a new console finds the live run and follows it to the end
+        (live,) = runs.find_runs(pool, state, live_only=True)
+        assert live.record.id == first.id
+        follower = RunFollower(pool, live.record, interval=0.5)
+        seen: list = []
+        follower.subscribe(lambda update: seen.extend(update.events))
+        with follower:
+            assert follower.wait(400), {n: (f.state, f.error) for n, f in
+                                        follower.followers.items()}
+        status = runs.run_status(pool, first)
+        assert status.state == "finished", [open(n.log).read()[-2000:] for n in first.nodes]
+        rows = train_rows(first)
+        assert {(node, rank) for node, rank, *_ in rows} == {("node0", 0), ("node1", 1)}
+        followed = [(node, e.rank, e.epoch, e.total_step, e.loss) for node, e in seen
+                    if isinstance(e, TrainStep)]
+        assert sorted(followed) == sorted(rows) and len(rows) >= 2
+        again = run_metrics(pool, first)  # svconsole metrics RUN's engine
+        assert again.progress().total_step == follower.store.progress().total_step == \
+            max(r[3] for r in rows)
+        for tag in ("model.pt", "model.pt.ep1"):
+            assert (out / tag / "mp_rank_00_model_states.pt").is_file(), tag
+            for rank in (0, 1):
+                assert (out / tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").is_file()
+
+        code, stdout, _ = cli(capsys, *common, "logs", first.id, "--node", "node1")
+        lines = stdout.splitlines()
+        assert code == 0 and lines and all(line.startswith("node1: ") for line in lines)
+        assert len(lines) == len(list(parse_file(first.node("node1").log)))
+
+        # 3. resume with more epochs, then stop it mid-training
+        profile_file.write_text(yaml.safe_dump(tiny_profile(tiny, out, max_epoch=4)))
+        code, stdout, err = cli(capsys, *common, "launch", "--resume", first.id, "--profile",
+                                str(profile_file), "--yes", "--json")
+        reply = json.loads(stdout)
+        assert code == 0, (reply["message"], err)
+        second = runs.RunRecord.from_dict(reply["run"])
+        launched.append(second)
+        assert second.resumed_from == first.id
+        assert "++train_conf.resume=true" in reply["plan"]["overrides"]
+        wait_for(lambda: any(r[2] >= 1 for r in train_rows(second)), 300,
+                 "a train line of the resumed run")
+        log0 = Path(second.node("node0").log).read_bytes()[second.node("node0").log_offset:]
+        assert f"Checkpoint loaded successfully from '{out / 'model.pt'}'".encode() in log0
+        assert min(r[2] for r in train_rows(second)) == 1  # epoch 0 was not trained again
+
+        code, stdout, _ = cli(capsys, *common, "stop", second.id[:17], "--yes", "--grace", "5")
+        assert code == 0, stdout
+        assert "none left" in stdout and not tagged(second.id)
+        code, stdout, _ = cli(capsys, *common, "runs", "--json")
+        states = {r["id"]: r["state"] for r in json.loads(stdout)}
+        assert states == {first.id: "finished", second.id: "stopped"}
+    finally:
+        for record in launched:
+            if tagged(record.id):
+                runs.stop_run(pool, record, grace=2)
+        pool.close()
