@@ -127,15 +127,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_tui(ctx: Context) -> int:
-    """Open the Textual app; the import happens here so headless commands never load Textual."""
+    """Open the interactive console.
+
+    The engine does not import the UI: the UI registers itself under the entry point group
+    ``svconsole.ui`` (``screens.app:run_app`` in pyproject.toml), so ``console`` stays importable
+    and testable without Textual.
+    """
+    from importlib.metadata import entry_points
+
     cluster = ctx.cluster  # bad cluster.yaml: a message, not a half-drawn screen
-    try:
-        from screens.app import run_app
-    except ModuleNotFoundError as exc:  # the console installs without the UI only by mistake
-        print(f"svconsole: the interactive console needs {exc.name}", file=sys.stderr)
-        return EXIT_USAGE
     del cluster
-    return run_app(ctx)
+    found = list(entry_points(group="svconsole.ui"))
+    if not found:
+        print("svconsole: the interactive console is not installed (entry point svconsole.ui); "
+              "reinstall svconsole", file=sys.stderr)
+        return EXIT_USAGE
+    return int(found[0].load()(ctx) or 0)
 
 
 if __name__ == "__main__":
