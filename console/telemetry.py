@@ -34,6 +34,9 @@ AGENT = "gpu_agent.py"
 #: Where the agent (and a simulation fixture) is cached on a node, under $HOME.
 CACHE_DIR = ".cache/svconsole"
 
+#: Real readings of one H200 (NVML, idle and 12 s under load) replayed by ``--simulate``.
+SIMULATION_FIXTURE = Path(__file__).resolve().parent / "data" / "h200-nvml.json"
+
 
 # ---------------------------------------------------------------------------- samples
 

@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 from console.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context
+from console.telemetry import SIMULATION_FIXTURE
 
 #: Where Prometheus finds the exporter by default: this machine only.
 DEFAULT_PORT = 9877
@@ -43,8 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds between SSH health probes of every node (default 5)")
     parser.add_argument("--runs-interval", type=float, default=30.0, metavar="S",
                         help="seconds between looks for live training runs (default 30; 0: none)")
-    parser.add_argument("--simulate", metavar="FIXTURE", type=Path,
-                        help="replay this nvml.json fixture's readings instead of real GPUs "
+    parser.add_argument("--simulate", metavar="FIXTURE", type=Path, nargs="?",
+                        const=SIMULATION_FIXTURE,
+                        help="replay an nvml.json fixture's readings instead of real GPUs (default: the "
+                        "H200 readings shipped with svconsole) "
                         "(served with svconsole_gpu_info{simulated=\"true\"})")
     parser.add_argument("--sim-gpus", type=int, default=8, metavar="N",
                         help="GPUs per node with --simulate (default 8)")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from console.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context
+from console.telemetry import SIMULATION_FIXTURE
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,8 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--nodes", metavar="A,B", help="only these nodes (default all)")
     parser.add_argument("--in-run", action="store_true",
                         help="judge utilisation and memory as during a training run (seed 6.1)")
-    parser.add_argument("--simulate", metavar="FIXTURE", type=Path,
-                        help="replay this nvml.json fixture's load series instead of real GPUs")
+    parser.add_argument("--simulate", metavar="FIXTURE", type=Path, nargs="?",
+                        const=SIMULATION_FIXTURE,
+                        help="replay an nvml.json fixture's load series instead of real GPUs, labelled "
+                        "SIMULATED (default: the H200 readings shipped with svconsole)")
     parser.add_argument("--sim-gpus", type=int, default=8, metavar="N",
                         help="GPUs per node with --simulate (default 8)")
     parser.set_defaults(func=handler)
