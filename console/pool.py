@@ -428,7 +428,8 @@ class Stream:
 class _Connection(fabric.Connection):
     """fabric's Connection, with a deadline on the gateway's direct-tcpip channel (fabric opens it
     with paramiko's default of one hour) and no implicit opening of the gateway (the pool opens
-    the one shared gateway connection itself, under its lock)."""
+    the one shared gateway connection itself, under its lock). The deadline is the connect
+    timeout, kept in ``connect_kwargs["timeout"]``."""
 
     def open_gateway(self) -> paramiko.Channel:
         gateway = self.gateway
@@ -438,7 +439,7 @@ class _Connection(fabric.Connection):
             kind="direct-tcpip",
             dest_addr=(self.host, int(self.port)),
             src_addr=("", 0),
-            timeout=self.connect_timeout,
+            timeout=self.connect_kwargs.get("timeout"),
         )
 
 
@@ -541,6 +542,9 @@ class Pool:
         self._peers[spec] = peer
         return peer
 
+    def _where(self, node: Node) -> str:
+        return f"{node.host}:{self._port(node)}"
+
     def _port(self, node: Node) -> int:
         return node.port if node.port is not None else self.cluster.ssh.port
 
@@ -630,6 +634,7 @@ class Pool:
         self._set_status(peer, NodeState.CONNECTING)
         limit = _bounded(self.cluster.ssh.connect_timeout, deadline)
         connect_kwargs: dict[str, object] = {
+            "timeout": limit,
             "banner_timeout": limit,
             "auth_timeout": limit,
             "channel_timeout": limit,
@@ -642,10 +647,12 @@ class Pool:
             node.host,
             user=peer.user,
             port=self._port(node),
-            connect_timeout=limit,
             connect_kwargs=connect_kwargs,
             gateway=gateway,
         )
+        # fabric int()s connect_timeout (0.5 s would mean no timeout at all): the float goes in
+        # connect_kwargs["timeout"], and a ConnectTimeout from ~/.ssh/config must not clash with it.
+        conn.connect_timeout = None
         accepted: list[AcceptedKey] = []
         self.known_hosts.prepare(conn.client, node.host, self._port(node), accepted.append)
         peer.count += 1
@@ -653,7 +660,7 @@ class Pool:
             conn.open()
         except Exception as exc:
             conn.client.close()  # fabric's close() skips a half-open client and leaks its socket
-            state, reason = _describe(exc, peer)
+            state, reason = _describe(exc, peer, self._where(node), limit)
             self._set_status(peer, state, reason)
             raise _Failure(reason, state) from None
         peer.conn = conn
@@ -1032,9 +1039,8 @@ class Pool:
         self.close()
 
 
-def _describe(exc: BaseException, peer: _Peer) -> tuple[NodeState, str]:
+def _describe(exc: BaseException, peer: _Peer, where: str, limit: float) -> tuple[NodeState, str]:
     """Map a connect failure to a state and a reason an operator can act on."""
-    where = f"{peer.node.host}:{peer.node.port}"
     if isinstance(exc, _Failure):
         return exc.state or NodeState.DOWN, str(exc)
     if isinstance(exc, paramiko.BadHostKeyException):
@@ -1055,8 +1061,10 @@ def _describe(exc: BaseException, peer: _Peer) -> tuple[NodeState, str]:
         return NodeState.DOWN, f"unknown host {peer.node.host}: {exc.strerror}"
     if isinstance(exc, (socket.timeout, TimeoutError)):
         return NodeState.DOWN, f"connect to {where} timed out"
-    if isinstance(exc, paramiko.SSHException) and "banner" in str(exc).lower():
-        return NodeState.DOWN, f"no SSH banner from {where} in time (hung or not sshd)"
+    if isinstance(exc, paramiko.SSHException) and (
+        "banner" in str(exc) or "No existing session" in str(exc)
+    ):  # paramiko's words for a handshake that did not finish in time
+        return NodeState.DOWN, f"no SSH handshake with {where} within {limit:.3g}s (hung?)"
     if isinstance(exc, (paramiko.SSHException, EOFError)):
         return NodeState.DOWN, f"SSH handshake with {where} failed: {exc or type(exc).__name__}"
     if isinstance(exc, OSError):

@@ -215,8 +215,11 @@ def test_hung_node_times_out_without_stalling_others(loopback) -> None:
                     if n != "node1":
                         assert results[n].ok, results[n]
                         assert results[n].seconds < 3, results[n]  # nobody waited for node1
+            with Pool(cluster_of(loopback)) as third:  # a sub-second deadline holds too
+                quick = third.run("node1", "true", timeout=0.5)
+                assert quick.error is not None and quick.seconds < 1.5, quick
             status = cold.ping("node1", deadline=1.0)
-            assert status.state == NodeState.DOWN and "SSH banner" in status.reason, status
+            assert status.state == NodeState.DOWN and "no SSH handshake" in status.reason, status
             status = warm.ping("node1", deadline=1.0)
             assert status.state == NodeState.DOWN and "no reply within 1s" in status.reason, status
 
