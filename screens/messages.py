@@ -57,3 +57,131 @@ class RunFollowed(Message):
         super().__init__()
         self.record = record
         self.ranks = tuple(ranks)
+
+
+# ------------------------------------------------------------------------------------------------
+# The Config screen (its workers post these; each replaces a queued older one of its kind)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence  # noqa: F811 (also above, for other messages)
+    from pathlib import Path
+
+    from console.dsconfig import ClusterSpec, Finding, Report
+    from screens.config_widgets import ConfigFiles
+
+
+class _Latest(Message):
+    """A message whose newer copy makes a queued older one of the same class pointless."""
+
+    def can_replace(self, message: Message) -> bool:
+        return type(message) is type(self)
+
+
+class ConfigFilesRead(_Latest):
+    """The DeepSpeed JSON and the training profile were read (or started from presets)."""
+
+    def __init__(self, files: ConfigFiles) -> None:
+        super().__init__()
+        self.files = files
+
+
+class DeepSpeedLoaded(_Latest):
+    """The background import of deepspeed ended: its version, or why it cannot be imported."""
+
+    def __init__(self, version: str | None, problem: str | None) -> None:
+        super().__init__()
+        self.version = version
+        self.problem = problem
+
+
+class ClusterSpecReady(_Latest):
+    """The cluster the config checks use (``spec`` None while a probe runs or when none is
+    known), where its facts came from in words, and when they were collected."""
+
+    def __init__(self, spec: ClusterSpec | None, source: str, collected_at: float | None = None,
+                 up: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.spec = spec
+        self.source = source
+        self.collected_at = collected_at
+        self.up = up
+
+
+class DataListsChecked(_Latest):
+    """The train/valid jsonl were looked for on the nodes (``paths``), with what was found."""
+
+    def __init__(self, paths: tuple[str, str], findings: Sequence[Finding]) -> None:
+        super().__init__()
+        self.paths = paths
+        self.findings = list(findings)
+
+
+class ConfigValidated(_Latest):
+    """A validation of the config ended; ``generation`` says which edit it judged."""
+
+    def __init__(self, report: Report, generation: int) -> None:
+        super().__init__()
+        self.report = report
+        self.generation = generation
+
+
+class ConfigSaved(Message):
+    """The Config screen's files were written (atomically, the old ones kept as .bak)."""
+
+    def __init__(self, files: ConfigFiles, written: Sequence[Path], notes: Sequence[str]) -> None:
+        super().__init__()
+        self.files = files
+        self.written = tuple(written)
+        self.notes = tuple(notes)
+
+
+# ------------------------------------------------------------------------------------------------
+# The Setup screen (guided bring-up). No message carries the sudo password.
+
+if TYPE_CHECKING:
+    from console.steps import RunSummary
+
+
+class SetupStandingRead(_Latest):
+    """The saved run summaries were read (oldest first): where the cluster stood before."""
+
+    def __init__(self, summaries: Sequence[RunSummary]) -> None:
+        super().__init__()
+        self.summaries = list(summaries)
+
+
+class SetupRunProgress(_Latest):
+    """A run's feed has new states or lines; the screen drains the feed when it handles this
+    (one is queued at a time, however fast the runner goes)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+
+
+class SetupRunFinished(Message):
+    """A run ended; its summary (also saved as summary.json beside the per-cell logs), or None
+    when the runner itself broke (the app's worker error handler says why)."""
+
+    def __init__(self, summary: RunSummary | None) -> None:
+        super().__init__()
+        self.summary = summary
+
+
+class SetupText(_Latest):
+    """Text for the Setup screen's log pane: a dry run's commands, or one cell's commands and
+    log (``cell`` is its (step, node))."""
+
+    def __init__(self, title: str, lines: Sequence[str], cell: tuple[str, str] | None = None) -> None:
+        super().__init__()
+        self.title = title
+        self.lines = list(lines)
+        self.cell = cell
+
+
+class SetupSudoChecked(Message):
+    """How root steps run on each node ("root", "nopass" or "password"), probed before a run."""
+
+    def __init__(self, modes: dict[str, str]) -> None:
+        super().__init__()
+        self.modes = dict(modes)
