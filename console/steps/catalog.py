@@ -33,9 +33,10 @@ APT = "DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600"
 EDITS_NAME = "console/steps/edits.py"
 
 
-def edits_source() -> str:
-    """The text of :mod:`console.steps.edits`, sent to a node's ``python3`` on stdin."""
-    return (Path(__file__).parent / "edits.py").read_text(encoding="utf-8")
+def node_program(name: str) -> str:
+    """The text of a stdlib-only module of this package (``edits.py``, ``reqcheck.py``), sent
+    to a node's Python on stdin."""
+    return (Path(__file__).parent / name).read_text(encoding="utf-8")
 
 
 def shell_path(path: str) -> str:
@@ -54,7 +55,7 @@ def edit(op: str, path: str, *args: str, check: bool = False, **flags: str) -> C
         words += [f"--{name}", q(value)]
     if check:
         words.append("--check")
-    return Command(" ".join(words), stdin=edits_source(), stdin_name=EDITS_NAME)
+    return Command(" ".join(words), stdin=node_program("edits.py"), stdin_name=EDITS_NAME)
 
 
 def dpkg_installed(package: str) -> str:
@@ -145,33 +146,14 @@ def _env_apply(ctx: StepContext) -> list[Command]:
     return [Command(f"mkdir -p {parent} && {create}")]
 
 
-REQUIREMENTS_CHECK = """\
-import sys
-from importlib.metadata import PackageNotFoundError, version
-try:
-    from packaging.requirements import Requirement
-except ImportError:
-    from pip._vendor.packaging.requirements import Requirement
-missing = 0
-for text in sys.argv[1:]:
-    req = Requirement(text)
-    try:
-        have = version(req.name)
-    except PackageNotFoundError:
-        print(f"{req.name}: not installed (wants {text})"); missing += 1; continue
-    ok = req.specifier.contains(have, prereleases=True)
-    print(f"{req.name} {have}: {'ok' if ok else 'does not match ' + text}"); missing += not ok
-sys.exit(1 if missing else 0)
-"""
-
-
 def _requirements(ctx: StepContext) -> tuple[str, ...]:
     return get_profile(ctx.options.profile).requirements
 
 
 def _packages_check(ctx: StepContext) -> list[Command]:
     reqs = " ".join(q(r) for r in _requirements(ctx))
-    return [Command(f"{env_python(ctx)} -c {q(REQUIREMENTS_CHECK)} {reqs}")]
+    return [Command(f"{env_python(ctx)} - {reqs}", stdin=node_program("reqcheck.py"),
+                    stdin_name="console/steps/reqcheck.py")]
 
 
 def _packages_apply(ctx: StepContext) -> list[Command]:
@@ -231,7 +213,7 @@ def _nfs_server_check(ctx: StepContext) -> list[Command]:
     return [
         Command(dpkg_installed("nfs-kernel-server")),
         Command(f'[ "$(stat -c %G:%a {q(shared)})" = {q(group + ":2775")} ]'),
-        edit("ensure-block", "/etc/exports", "shared", exports_block(ctx.cluster, ctx.options),
+        edit("ensure-block", ctx.options.exports_file, "shared", exports_block(ctx.cluster, ctx.options),
              check=True, drop=_exported(shared)),
         Command(f"exportfs -s | grep -q -- ^{q(shared)}"),
     ]
@@ -243,7 +225,7 @@ def _nfs_server_apply(ctx: StepContext) -> list[Command]:
         apt_install("nfs-kernel-server"),
         Command(f"getent group {group} >/dev/null || groupadd --system {group}"),
         Command(f"mkdir -p {shared} && chgrp {group} {shared} && chmod 2775 {shared}"),
-        edit("ensure-block", "/etc/exports", "shared", exports_block(ctx.cluster, ctx.options),
+        edit("ensure-block", ctx.options.exports_file, "shared", exports_block(ctx.cluster, ctx.options),
              drop=_exported(ctx.cluster.shared_dir)),
         Command("exportfs -ra"),
     ]
@@ -260,7 +242,7 @@ def _nfs_server_verify(ctx: StepContext) -> list[Command]:
 
 def _nfs_server_changes(cluster: Cluster, options: SetupOptions) -> str:
     return (f"installs nfs-kernel-server; {cluster.shared_dir} owned by group "
-            f"{options.shared_group}, mode 2775; /etc/exports block: "
+            f"{options.shared_group}, mode 2775; {options.exports_file} block: "
             f"{exports_block(cluster, options)!r} (other exports of that directory are removed)")
 
 
@@ -275,7 +257,7 @@ def _fstab_match(shared: str) -> str:
 
 def _fstab_edit(ctx: StepContext, check: bool) -> Command:
     shared = ctx.cluster.shared_dir
-    return edit("ensure-line", "/etc/fstab", fstab_line(ctx.cluster, ctx.options),
+    return edit("ensure-line", ctx.options.fstab_file, fstab_line(ctx.cluster, ctx.options),
                 check=check, match=_fstab_match(shared))
 
 
@@ -300,7 +282,7 @@ def _nfs_mount_verify(ctx: StepContext) -> list[Command]:
 
 
 def _nfs_mount_changes(cluster: Cluster, options: SetupOptions) -> str:
-    return f"installs nfs-common; /etc/fstab line {fstab_line(cluster, options)!r}; mounts it"
+    return f"installs nfs-common; {options.fstab_file} line {fstab_line(cluster, options)!r}; mounts it"
 
 
 # --------------------------------------------------------------------------------- tuning
@@ -370,7 +352,7 @@ def _nccl_command(ctx: StepContext, check: bool) -> Command:
     path = nccl_env_file(ctx.cluster, ctx.node.name)
     tail = " --check" if check else ""
     return Command(f'{detect}python3 - ensure-block {q(path)} nccl "$body"{tail}',
-                   stdin=edits_source(), stdin_name=EDITS_NAME)
+                   stdin=node_program("edits.py"), stdin_name=EDITS_NAME)
 
 
 def _nccl_check(ctx: StepContext) -> list[Command]:
@@ -399,10 +381,12 @@ def _ssh_key_check(ctx: StepContext) -> list[Command]:
 
 
 def _ssh_key_apply(ctx: StepContext) -> list[Command]:
+    """Make the key under a lock: nodes that share a home directory (NFS) race otherwise."""
     key = shell_path(_key_file(ctx))
     folder = shell_path(ctx.path(ctx.options.ssh_dir))
-    return [Command(f"mkdir -p -m 700 {folder} && "
-                    f"ssh-keygen -q -t ed25519 -N '' -C \"svconsole@$(hostname)\" -f {key}")]
+    return [Command(f"mkdir -p -m 700 {folder} && ( flock 9 && {{ test -s {key}.pub || "
+                    f"ssh-keygen -q -t ed25519 -N '' -C \"svconsole@$(hostname)\" -f {key} "
+                    f"</dev/null; }} ) 9>{folder}/.svconsole-keygen.lock")]
 
 
 def _ssh_key_verify(ctx: StepContext) -> list[Command]:

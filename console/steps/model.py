@@ -104,6 +104,8 @@ class SetupOptions:
     """Group that owns ``shared_dir`` (mode 2775, setgid), instead of the seed's chmod 777."""
     export_options: str = "rw,sync,no_subtree_check"
     mount_options: str = "defaults,_netdev"
+    exports_file: str = "/etc/exports"
+    fstab_file: str = "/etc/fstab"
     sysctl_file: str = "/etc/sysctl.d/90-svconsole.conf"
     socket_buffer_max: int = 268435456
     """net.core.rmem_max / wmem_max in bytes (256 MiB)."""

@@ -132,8 +132,11 @@ class RunSummary:
             return "nothing to run"
         if not self.ok:
             return f"bring-up incomplete: {counts}"
-        if not self.changed and not self.measure_steps:
-            return f"nothing changed: every step was already done ({counts})"
+        if all(c.step in self.measure_steps for c in self.cells):
+            return f"measured: {counts}"
+        if not self.changed:
+            measured = " (measurements taken again)" if self.measure_steps else ""
+            return f"nothing changed: every step was already done{measured} ({counts})"
         return f"finished: {counts}"
 
     def to_json(self) -> dict[str, Any]:
