@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -225,20 +226,25 @@ def _gpu_block(view: NodeView, g: GPUView, width: int) -> list[Text]:
     return lines
 
 
+def wrapped(sentence: str, width: int, style: str) -> list[Text]:
+    """A sentence (a reason from a node) over as many lines as ``width`` needs."""
+    return [Text(line, style=style) for line in textwrap.wrap(sentence, max(20, width))]
+
+
 def node_lines(view: NodeView, width: int, *, detail: bool) -> list[Text]:
     """The content of a node's panel: a plain sentence when there is nothing to show, else a
     line (compact) or a block (detail) per GPU."""
     if not view.has_sample:
         if view.status == NodeStatus.DOWN:
-            return [Text(f"down: {view.reason or 'no connection'} (retrying)", style="red")]
+            return wrapped(f"down: {view.reason or 'no connection'} (retrying)", width, "red")
         waiting = "stopped" if view.status == NodeStatus.STOPPED else "starting the GPU agent…"
         return [Text(waiting, style="grey50")]
     lines: list[Text] = []
     if view.status != NodeStatus.LIVE:
-        lines.append(Text(f"{view.reason or 'no recent sample'}: the values below are "
-                          f"{age_text(view.age)} old", style="bold yellow"))
+        lines += wrapped(f"{view.reason or 'no recent sample'}: the values below are "
+                         f"{age_text(view.age)} old", width, "bold yellow")
     if view.no_gpu is not None:
-        lines.append(Text("no NVIDIA GPU on this node: ", style="bold").append(view.no_gpu))
+        lines += wrapped(f"no NVIDIA GPU on this node: {view.no_gpu}", width, "")
     elif not view.gpus:
         lines.append(Text("the agent reports no GPU", style="bold"))
     for g in view.gpus:
@@ -258,6 +264,8 @@ class NodePanel(Widget, can_focus=True):
     DEFAULT_CSS = """
     NodePanel {
         height: auto;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
         border: round $primary 50%;
         padding: 0 1;
     }
@@ -310,7 +318,7 @@ class HeatGrid(Widget):
     NAME_WIDTH = 10
     CELL = "██"
     DEFAULT_CSS = """
-    HeatGrid { height: auto; }
+    HeatGrid { height: auto; text-wrap: nowrap; text-overflow: ellipsis; }
     """
 
     def __init__(self, views: Sequence[NodeView] = (), *, id: str | None = None) -> None:

@@ -391,7 +391,7 @@ class GPUsScreen(ConsoleScreen):
         index = panels.index(focused) + step if focused in panels else (0 if step > 0 else -1)
         panel = panels[index % len(panels)]
         panel.focus()
-        panel.scroll_visible(top=True)
+        panel.scroll_visible(top=True, animate=False)
 
     def action_next_node(self) -> None:
         """Focus the next node's panel."""
@@ -409,6 +409,8 @@ class GPUsScreen(ConsoleScreen):
         """Switch the panels between one line per GPU and the full detail."""
         self.detail = not self._detail()
         self.render_now(force=True)
+        if isinstance(self.focused, NodePanel):   # keep the node in view across the relayout
+            self.call_after_refresh(self.focused.scroll_visible, top=True, animate=False)
 
 
 SCREEN = GPUsScreen
