@@ -21,13 +21,13 @@ failed, 2 bad input or not confirmed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
 
 from console.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context
 from console.commands.runs import confirm
-
 
 ENTRIES = ("train_ds", "cpu-wrapper")
 """console.launch.ENTRIES, repeated here so that ``--help`` does not import the engine."""
@@ -102,7 +102,8 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
                                   ("master_port", args.master_port)) if v is not None}
     options = replace(options, **changes, env={**options.env, **env})
 
-    prep = prepare(ctx.pool, profile, options)
+    with contextlib.redirect_stdout(sys.stderr):  # deepspeed's logger prints on stdout
+        prep = prepare(ctx.pool, profile, options)
     out: dict = prep.to_dict()
     if not args.json:
         if prep.plan is not None:
