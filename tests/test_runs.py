@@ -197,3 +197,31 @@ def test_stop_kills_every_process_on_every_node(cluster2, pools, tmp_path):
 def test_unknown_run_is_named(tmp_path):
     with pytest.raises(runs.RunNotFound, match="no run 'nope'; known runs: none"):
         runs.find_record(tmp_path, "nope")
+
+
+def test_cli_logs_follow_and_stop_asks_first(cluster2, pools, tmp_path, capsys, monkeypatch):
+    from console.cli import main
+
+    lb, cluster = cluster2
+    monkeypatch.setenv("SVCONSOLE_STATE_DIR", str(tmp_path))
+    pool = Pool(cluster)
+    pools.append(pool)
+    gate = tmp_path / "gate"
+    gate.touch()
+    record = launch(pool, dummy_plan(lb, cluster, lb.shared_dir / "out", steps=5, gate=gate),
+                    tmp_path)
+    config = ["--config", str(lb.cluster_yaml)]
+    try:
+        assert main([*config, "stop", record.id]) == 2  # no terminal, no --yes: nothing stopped
+        assert "not confirmed" in capsys.readouterr().err and tagged(record.id)
+        gate.unlink()
+        assert main([*config, "logs", "latest", "--follow"]) == 0  # returns when the run ends
+        lines = capsys.readouterr().out.splitlines()
+        assert sorted(lines) == sorted(f"{n}: step {i} on {n}" for n in ("node0", "node1")
+                                       for i in range(5))
+        assert main([*config, "stop", record.id, "--yes"]) == 0
+        assert "is not running (finished)" in capsys.readouterr().out
+        assert main([*config, "logs", "nope"]) == 2
+        assert "no run 'nope'" in capsys.readouterr().err
+    finally:
+        runs.stop_run(pool, record, grace=1)
