@@ -299,7 +299,10 @@ class LoopbackCluster:
     ``banner_nodes``: indices of nodes whose shell prints noise on every command (stdout and
     stderr, before the command's own output). ``guard``: also start a small watchdog process
     that stops the cluster when this process dies, even by SIGKILL (used by the test fixtures,
-    so that a killed test run leaves no sshd behind)."""
+    so that a killed test run leaves no sshd behind). ``user_rc``: let the login user's own
+    ``~/.bashrc`` run for every command. Off by default: the nodes are this machine, whose
+    developer shell setup (a ``pyenv init`` costs ~0.3 s a command here) is not the cluster's;
+    ``banner_nodes`` model a noisy remote shell instead."""
 
     def __init__(
         self,
@@ -311,6 +314,7 @@ class LoopbackCluster:
         *,
         guard: bool = False,
         start_timeout: float = 20.0,
+        user_rc: bool = False,
     ) -> None:
         if not 1 <= n <= 254:
             raise LoopbackError(f"a loopback cluster has 1 to 254 nodes, not {n}")
@@ -328,6 +332,7 @@ class LoopbackCluster:
             raise LoopbackError(f"banner_nodes {bad} are not node indices 0..{n - 1}")
         self.start_timeout = start_timeout
         self.guard = guard
+        self.user_rc = user_rc
         self._guard: tuple[int, int] | None = None  # the watchdog (pid, start time)
         self._guard_proc: subprocess.Popen[bytes] | None = None
         self.master_port: int | None = None
@@ -450,7 +455,10 @@ class LoopbackCluster:
             # A login shell whose .bashrc runs `pyenv init` takes pyenv's rehash lock; a session
             # killed meanwhile (the tests kill sessions on purpose) leaves the lock behind and
             # every later shell waits 60 s for it. Real nodes rarely see such kills; here, wait 2 s.
-            "SetEnv PYENV_REHASH_TIMEOUT=2",
+            "SetEnv PYENV_REHASH_TIMEOUT=2" + ("" if self.user_rc else
+                # bash started by sshd reads ~/.bashrc only while SHLVL < 2 (Debian's
+                # SSH_SOURCE_BASHRC): SHLVL=1 becomes 2 in that shell, so it skips it.
+                " SHLVL=1"),
             f"AllowUsers {self.user}",
             "LogLevel VERBOSE",
         ]
@@ -528,7 +536,7 @@ class LoopbackCluster:
     def _save(self) -> None:
         state = {
             "n": self.n, "port": self.port, "auto_port": self._auto_port, "user": self.user,
-            "banner_nodes": list(self.banner_nodes),
+            "banner_nodes": list(self.banner_nodes), "user_rc": self.user_rc,
             "master_port": self.master_port, "sshd": self._sshd,
             "guard": list(self._guard) if self._guard else None,
             "nodes": [{"name": f"node{i}", "state": self._states[i],
@@ -546,7 +554,7 @@ class LoopbackCluster:
         except (OSError, ValueError) as exc:
             raise LoopbackError(f"{path}: no loopback cluster state here ({exc})") from None
         cluster = cls(directory, state["n"], None if state["auto_port"] else state["port"],
-                      state["user"], state["banner_nodes"])
+                      state["user"], state["banner_nodes"], user_rc=state.get("user_rc", False))
         cluster.port, cluster.master_port = state["port"], state["master_port"]
         cluster._sshd = state["sshd"]
         if state.get("guard") and cluster._is_guard(*state["guard"]):
@@ -815,6 +823,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_up.add_argument("--banner", type=_indices, default=[],
                       help="indices of nodes whose shell prints noise, e.g. 1,3")
     p_up.add_argument("--user", help="the user that logs in (only root may choose)")
+    p_up.add_argument("--user-rc", action="store_true",
+                      help="run the login user's ~/.bashrc for every command (off: a plain shell)")
     for name, helptext in (("down", "stop every node (keeps DIR)"), ("status", "show the nodes")):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("dir", nargs="?", type=Path, default=DEFAULT_DIR)
@@ -836,7 +846,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _guard(args.dir, args.owner, args.owner_start_time)
     try:
         if args.command == "up":
-            cluster = LoopbackCluster(args.dir, args.n, args.port or None, args.user, args.banner)
+            cluster = LoopbackCluster(args.dir, args.n, args.port or None, args.user, args.banner,
+                                      user_rc=args.user_rc)
             cluster.up()
             print(cluster.cluster_yaml)
             print(f"{args.n} nodes up on 127.0.1.1..127.0.1.{args.n} port {cluster.port} "
