@@ -361,10 +361,22 @@ def test_cli_exec_and_nodes(loopback, capsys) -> None:
     table = capsys.readouterr().out
     assert all(f"{n} " in table for n in loopback.nodes) and table.count(" up ") == 4
     loopback.kill(3)
-    assert cli.main(["--config", config, "nodes", "--json"]) == 1
+    assert cli.main(["--config", config, "nodes", "--json", "--no-facts"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["node3"]["state"] == "unreachable" and "refused" in data["node3"]["error"]
     assert data["node0"]["state"] == "up" and data["node0"]["rtt_ms"] > 0
+    assert "facts" not in data["node0"]
 
     assert cli.main(["--config", config, "exec", "--nodes", "nodeX", "--", "true"]) == 2
     assert "nodeX" in capsys.readouterr().err
+
+
+def test_cli_nodes_json_carries_facts_and_verdicts(loopback, capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SVCONSOLE_STATE_DIR", str(tmp_path))
+    loopback.kill(1)
+    assert cli.main(["--config", str(loopback.cluster_yaml), "nodes", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["node0"]["facts"]["cpu_usable"] == len(os.sched_getaffinity(0))
+    assert data["node0"]["verdict"] in ("ready", "degraded", "not ready")
+    assert data["node1"]["state"] == "unreachable" and data["node1"]["verdict"] == "not ready"
+

@@ -3,7 +3,8 @@
 Every node is probed in parallel through the pool (connect if needed, one round trip within the
 cluster's ``connect_timeout``). The table shows the state (up, unreachable, auth failed, unknown
 host key, host key changed), the round-trip time and the error text. Exit code 0 only if every
-node is up.
+node is up. ``--json`` also carries each node's facts and readiness verdict (the probe of
+``svconsole check``), unless ``--no-facts``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "error. Exit code 0 only if all nodes are up.",
     )
     parser.add_argument("--json", action="store_true",
-                        help="print {node: {host, port, state, error, rtt_ms}} as JSON")
+                        help="print {node: {host, port, state, error, rtt_ms, facts, verdict, "
+                        "reasons, tier, stale, collected_at}} as JSON")
+    parser.add_argument("--no-facts", action="store_true",
+                        help="with --json: connection state only, no probe of the node's facts")
     parser.set_defaults(func=handler)
 
 
@@ -42,6 +46,12 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
             "rtt_ms": None if status.rtt is None else round(status.rtt * 1000, 2),
         }
     if args.json:
+        if not args.no_facts:
+            from console.commands.check import facts_json
+
+            inventory = facts_json(ctx.pool, cluster, ctx.state_dir)
+            for name, row in rows.items():
+                row.update(inventory["nodes"].get(name, {}))
         print(json.dumps(rows, indent=2), file=ctx.out)
     else:
         width = max(len(name) for name in rows)
