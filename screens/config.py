@@ -4,6 +4,7 @@ Two files beside cluster.yaml (the current directory for the embedded default): 
 and ``training.yaml``. A missing file starts from the seed preset / the packaged profile and is
 written only when the operator saves (ctrl+s: atomic, the old file kept as ``.bak``).
 
+The two files (a few KB, local) are read when the screen mounts, before its first paint.
 Validation (``console.dsconfig.validate``: DeepSpeed's own rules, the tuning matrix, the cluster)
 runs in a thread worker 300 ms after the last keystroke; a newer one cancels an older one. The
 deepspeed import is slow, so it happens once, in the background, when the screen mounts. The
@@ -37,6 +38,7 @@ from console.dsconfig import Finding, Report
 from console.probe import FactsCache, FactsCacheError, probe_all
 from console.profile import ProfileError, save_profile
 from screens.base import ConsoleScreen
+from screens.bridge import follow_node_states
 from screens.config_widgets import (
     FIELDS,
     FORM,
@@ -54,14 +56,17 @@ from screens.config_widgets import (
 )
 from screens.messages import (
     ClusterSpecReady,
-    ConfigFilesRead,
     ConfigSaved,
     ConfigValidated,
     DataListsChecked,
     DeepSpeedLoaded,
+    NodeStatusChanged,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from console.pool import NodeStatus
     from console.profile import TrainingProfile
 
 #: Seconds after the last keystroke before the config is validated again.
@@ -137,6 +142,8 @@ class ConfigScreen(ConsoleScreen):
         self._facts_source = "cluster facts: reading the cache…"
         self._facts_at: float | None = None
         self._facts_ready = False
+        self._waiting_for_nodes = False
+        self._unsubscribe: Callable[[], None] = lambda: None
         self._up: tuple[str, ...] = ()
         self._data: tuple[tuple[str, str] | None, list[Finding]] = (None, [])
         self._data_pending = False
@@ -175,13 +182,15 @@ class ConfigScreen(ConsoleScreen):
         yield from self.compose_footer()
 
     def on_mount(self) -> None:
-        for row in self._rows.values():
-            row.input.disabled = True
         self.deepspeed = "loading"
-        self.load_files()
         self.warm_up_deepspeed()
         self.load_facts(probe=False)
-        self._show_status()
+        self._unsubscribe = follow_node_states(self, self.console.pool)
+        # Two small local files, read before the first paint (the form is never shown empty).
+        self._use_files(read_files(self.console.cluster))
+
+    def on_unmount(self) -> None:
+        self._unsubscribe()
 
     # -------------------------------------------------------------------------------- API
 
@@ -199,11 +208,6 @@ class ConfigScreen(ConsoleScreen):
                 and self._validated == self._generation)
 
     # -------------------------------------------------------------------------------- workers
-
-    @work(thread=True, exclusive=True, group="config-files", name="read the config files",
-          exit_on_error=False)
-    def load_files(self) -> None:
-        self.post_message(ConfigFilesRead(read_files(self.console.cluster)))
 
     @work(thread=True, exclusive=True, group="config-deepspeed", name="import deepspeed",
           exit_on_error=False)
@@ -225,6 +229,11 @@ class ConfigScreen(ConsoleScreen):
                 note = f" ({exc})"
         source = "cached facts"
         if not any(f.gpus for f in facts.values()):
+            if not probe:
+                self.post_message(ClusterSpecReady(
+                    None, f"no cached facts{note}: the nodes are probed once one is up "
+                    "(ctrl+r: now)", waiting=True))
+                return
             self.post_message(ClusterSpecReady(
                 None, f"probing {len(cluster.nodes)} node(s) for their GPUs…{note}"))
             facts = probe_all(self.console.pool, cluster, cache=cache)
@@ -266,15 +275,12 @@ class ConfigScreen(ConsoleScreen):
 
     # -------------------------------------------------------------------------------- messages
 
-    def on_config_files_read(self, message: ConfigFilesRead) -> None:
-        files = message.files
+    def _use_files(self, files: ConfigFiles) -> None:
         self.files = files
         self.profile = files.profile
         self.ds_text = files.ds_text
         self.query_one("#json-text", TextArea).load_text(files.ds_text)
         self._fill_form()
-        for row in self._rows.values():
-            row.input.disabled = False
         self._start_data_check()
         self._changed(now=True)
 
@@ -285,6 +291,11 @@ class ConfigScreen(ConsoleScreen):
     def on_cluster_spec_ready(self, message: ClusterSpecReady) -> None:
         if message.spec is None:
             self._facts_source = message.source
+            self._waiting_for_nodes = message.waiting
+            if message.waiting:
+                self._facts_ready = True  # nothing to wait for: validate without a cluster
+                if any(self._is_up(s) for s in self.console.pool.statuses().values()):
+                    self.action_probe()
             self._show_status()
             return
         self.spec, self._facts_at, self._up = message.spec, message.collected_at, message.up
@@ -292,6 +303,14 @@ class ConfigScreen(ConsoleScreen):
         self._facts_ready = True
         self._start_data_check()
         self._changed(now=True)
+
+    def on_node_status_changed(self, message: NodeStatusChanged) -> None:
+        if self._waiting_for_nodes and self._is_up(message.status):
+            self.action_probe()
+
+    @staticmethod
+    def _is_up(status: NodeStatus) -> bool:
+        return str(getattr(status.state, "value", status.state)).lower() == "up"
 
     def on_data_lists_checked(self, message: DataListsChecked) -> None:
         self._data = (message.paths, message.findings)
@@ -534,6 +553,7 @@ class ConfigScreen(ConsoleScreen):
         self.query_one("#config-tabs Tabs", Tabs).focus()
 
     def action_probe(self) -> None:
+        self._waiting_for_nodes = False
         self._facts_ready = False
         self.load_facts(probe=True)
         self._show_status()

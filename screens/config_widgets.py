@@ -56,7 +56,15 @@ class FieldSpec:
 
     @property
     def label(self) -> str:
-        return self.key.rpartition(".")[2] if self.key.count(".") == 1 else self.key
+        """The key without the section its title names (``zero_optimization.``...)."""
+        for section in _TITLED_SECTIONS:
+            if self.key.startswith(section):
+                return self.key[len(section):]
+        return self.key
+
+
+#: Sections whose name the form's titles carry, so their fields show the rest of the key.
+_TITLED_SECTIONS = ("zero_optimization.", "dataset_conf.", "train_conf.")
 
 
 _BOOL = ("true", "false")
@@ -378,10 +386,10 @@ class FieldRow(Vertical):
     DEFAULT_CSS = """
     FieldRow { height: auto; padding: 0 1; }
     FieldRow > Horizontal { height: 1; }
-    FieldRow Label { width: 28; color: $text-muted; }
+    FieldRow Label { width: 36; padding-right: 1; color: $text-muted; }
     FieldRow Input { height: 1; border: none; padding: 0 1; width: 1fr; background: $boost; }
     FieldRow Input:focus { background: $primary 30%; }
-    FieldRow .field-findings { display: none; padding-left: 28; height: auto; }
+    FieldRow .field-findings { display: none; padding-left: 4; height: auto; }
     FieldRow.has-findings .field-findings { display: block; }
     """
 

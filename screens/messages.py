@@ -77,14 +77,6 @@ class _Latest(Message):
         return type(message) is type(self)
 
 
-class ConfigFilesRead(_Latest):
-    """The DeepSpeed JSON and the training profile were read (or started from presets)."""
-
-    def __init__(self, files: ConfigFiles) -> None:
-        super().__init__()
-        self.files = files
-
-
 class DeepSpeedLoaded(_Latest):
     """The background import of deepspeed ended: its version, or why it cannot be imported."""
 
@@ -96,11 +88,13 @@ class DeepSpeedLoaded(_Latest):
 
 class ClusterSpecReady(_Latest):
     """The cluster the config checks use (``spec`` None while a probe runs or when none is
-    known), where its facts came from in words, and when they were collected."""
+    known), where its facts came from in words, and when they were collected; ``waiting``: no
+    facts are cached and the nodes will be probed once one is up."""
 
     def __init__(self, spec: ClusterSpec | None, source: str, collected_at: float | None = None,
-                 up: tuple[str, ...] = ()) -> None:
+                 up: tuple[str, ...] = (), waiting: bool = False) -> None:
         super().__init__()
+        self.waiting = waiting
         self.spec = spec
         self.source = source
         self.collected_at = collected_at
