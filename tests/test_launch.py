@@ -337,3 +337,13 @@ def test_tiny_sensevoice_two_nodes_launch_reattach_resume_stop(fresh_loopback, t
             if tagged(record.id):
                 runs.stop_run(pool, record, grace=2)
         pool.close()
+
+
+def test_resume_profile_forces_resume_and_takes_changes():
+    profile = default_profile().replace("train_conf.resume", False)
+    record = runs.RunRecord("r1", 0.0, "lab", "/o", "a", [], {}, profile.to_dict())
+    again = launching.resume_profile(record, **{"train_conf.max_epoch": 7})
+    assert again.train_conf.resume is True and again.train_conf.max_epoch == 7
+    assert again.to_overrides() == [o.replace("resume=false", "resume=true")
+                                    .replace("max_epoch=50", "max_epoch=7")
+                                    for o in profile.to_overrides()]
