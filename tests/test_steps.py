@@ -221,7 +221,7 @@ def test_burnin_without_gpu_says_so() -> None:
     pytest.importorskip("torch")
     result = subprocess.run([sys.executable, str(SCRIPTS / "burnin.py"), "--seconds", "0.1"],
                             capture_output=True, text=True, timeout=120)
-    line = next(l for l in result.stdout.splitlines() if l.startswith("SVBURN "))
+    line = next(t for t in result.stdout.splitlines() if t.startswith("SVBURN "))
     report = json.loads(line[7:])
     import torch
 

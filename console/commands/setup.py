@@ -127,6 +127,11 @@ def execute(runner: Runner, args: argparse.Namespace, ctx: Context, *, confirm: 
     if confirm and not agreed(runner, ctx):
         return EXIT_FAILED
     if not args.json:
+        for step in runner.steps:
+            nodes = [n for (sid, n) in runner.cells if sid == step.id]
+            if nodes:
+                print(f"[{step.id}] on {', '.join(nodes)}: "
+                      f"{step.changes(runner.cluster, runner.options)}", file=ctx.out)
         runner.subscribe(live_printer(ctx.out))
     summary = runner.run()
     if args.json:

@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="measure latency, collective bandwidth, GPUs and shared storage",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
-    add_selection(parser)
+    add_selection(parser)  # --steps: latency, collective, iperf3, gpu-burnin, storage, master-port
     parser.add_argument("--dry-run", action="store_true", help="say what would run")
     parser.add_argument("--bench-mb", type=float, default=256.0,
                         help="all_reduce tensor size in MiB (default 256)")
@@ -36,12 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handler(args: argparse.Namespace, ctx: Context) -> int:
-    from console.steps.measure import STEPS
+    from console.steps.measure import MEASUREMENTS, STEPS
     from console.steps.model import SetupOptions
     from console.steps.runner import Runner
 
-    known = {s.id: s for s in STEPS}
-    ids = split(args.steps) or list(known)
+    known = MEASUREMENTS
+    ids = split(args.steps) or [s.id for s in STEPS]
     unknown = [i for i in ids if i not in known]
     if unknown:
         return usage(f"unknown measurement(s) {', '.join(unknown)}; known: {', '.join(known)}")

@@ -25,6 +25,7 @@ from console.steps.model import (
     Step,
     StepContext,
     head_node,
+    says,
 )
 from console.steps.profiles import get_profile
 
@@ -444,13 +445,9 @@ def _ssh_trust_verify(ctx: StepContext) -> list[Command]:
 # --------------------------------------------------------------------------------- catalog
 
 
-def _text(words: str):
-    return lambda cluster, options: words
-
-
 STEPS: tuple[Step, ...] = (
     Step("build-essential", "Build tools (build-essential)", Phase.SOFTWARE, needs_root=True,
-         changes=_text("apt-get installs build-essential"),
+         changes=says("apt-get installs build-essential"),
          check=_build_essential_check, apply=_build_essential_apply,
          verify=_build_essential_verify, timeout=1800),
     Step("nvidia-driver", "NVIDIA server driver", Phase.SOFTWARE, needs_root=True,

@@ -37,6 +37,7 @@ from console.steps.model import (
     SetupOptions,
     Step,
     StepState,
+    says,
 )
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ def _failure(result: Result) -> str:
     """Why a command failed, in one line."""
     if result.error:
         return result.error
-    lines = [l for l in (result.stderr or result.stdout).splitlines() if l.strip()]
+    lines = [t for t in (result.stderr or result.stdout).splitlines() if t.strip()]
     return f"exit {result.exit}: {lines[-1] if lines else 'no output'}"
 
 
@@ -356,7 +357,7 @@ def measure_collective(pool: Pool, cluster: Cluster, nodes: list[str], options: 
         if isinstance(res, str):
             outcomes[name] = NodeOutcome(StepState.FAILED, res)
         elif not res.ok:
-            errors = [l for l in res.stdout.splitlines() if l.startswith("SVBENCH-ERROR")]
+            errors = [t for t in res.stdout.splitlines() if t.startswith("SVBENCH-ERROR")]
             outcomes[name] = NodeOutcome(StepState.FAILED, errors[-1] if errors else _failure(res))
         else:
             outcomes[name] = NodeOutcome(StepState.DONE, "joined the all_reduce")
@@ -428,10 +429,11 @@ def measure_iperf(pool: Pool, cluster: Cluster, nodes: list[str], options: Setup
         text = link.get("error") or f"{link['gbit_s']:.2f} Gbit/s to {server}"
         outcomes[link["client"]] = NodeOutcome(state, text)
     outcomes[server] = NodeOutcome(
-        StepState.FAILED if any("error" in l for l in links) else StepState.DONE,
+        StepState.FAILED if any("error" in link for link in links) else StepState.DONE,
         f"iperf3 server for {len(links)} node(s)")
-    summary = [f"{l['client']} -> {server}: " + (f"{l['gbit_s']:.2f} Gbit/s" if "gbit_s" in l
-                                                   else f"failed: {l['error']}") for l in links]
+    summary = [f"{link['client']} -> {server}: " + (
+        f"{link['gbit_s']:.2f} Gbit/s" if "gbit_s" in link else f"failed: {link['error']}")
+        for link in links]
     return MeasureResult(outcomes, {"links": links}, summary)
 
 
@@ -558,23 +560,19 @@ def measure_storage(pool: Pool, cluster: Cluster, nodes: list[str], options: Set
     return MeasureResult(outcomes, {"nodes": reports}, summary)
 
 
-def _says(text: str) -> Callable[[Cluster, SetupOptions], str]:
-    return lambda cluster, options: text
-
-
 STEPS: tuple[Step, ...] = (
     Step("latency", "Latency between node pairs (TCP)", Phase.VERIFICATION,
-         changes=_says("runs a TCP echo server on one node and times round trips from the "
+         changes=says("runs a TCP echo server on one node and times round trips from the "
                        "other, for every pair"), measure=measure_latency),
     Step("collective", "Collective bandwidth (all_reduce)", Phase.VERIFICATION,
-         changes=_says("runs scripts/collective_bench.py on all nodes at once "
+         changes=says("runs scripts/collective_bench.py on all nodes at once "
                        "(torch.distributed; NCCL with GPUs, gloo without)"),
          measure=measure_collective),
     Step("iperf3", "TCP throughput (iperf3)", Phase.VERIFICATION,
-         changes=_says("iperf3 server on the first node, client on each other node"),
+         changes=says("iperf3 server on the first node, client on each other node"),
          measure=measure_iperf),
     Step("gpu-burnin", "GPU burn-in (matmul TFLOP/s)", Phase.VERIFICATION,
-         changes=_says("runs scripts/burnin.py (bf16/fp32 matmuls) on every GPU"),
+         changes=says("runs scripts/burnin.py (bf16/fp32 matmuls) on every GPU"),
          measure=measure_burnin),
     Step("storage", "Shared storage throughput", Phase.VERIFICATION,
          changes=lambda c, o: f"writes and reads {o.storage_mb} MiB per node in "
@@ -587,3 +585,6 @@ MASTER_PORT = Step(
     changes=lambda c, o: f"listens on {c.master_node.name}:{c.master_port} for a moment and "
                          f"connects from every worker",
     measure=check_master_port)
+
+MEASUREMENTS: dict[str, Step] = {s.id: s for s in (*STEPS, MASTER_PORT)}
+"""Every measurement step by id (``svconsole verify --steps``)."""

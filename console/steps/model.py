@@ -172,6 +172,11 @@ def _none(ctx: StepContext) -> list[Command]:
     return []
 
 
+def says(text: str) -> Callable[[Cluster, SetupOptions], str]:
+    """A ``Step.changes`` that is the same whatever the cluster and options."""
+    return lambda cluster, options: text
+
+
 @dataclass(frozen=True)
 class Step:
     """One step of the bring-up, as data.
@@ -186,7 +191,7 @@ class Step:
     depends: tuple[str, ...] = ()
     needs_root: bool = False
     destructive: bool = False
-    changes: Callable[[Cluster, SetupOptions], str] = lambda cluster, options: ""
+    changes: Callable[[Cluster, SetupOptions], str] = says("")
     """What the step will change, in words, for the confirmation prompt."""
     check: Builder = _none
     apply: Builder = _none

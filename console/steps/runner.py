@@ -361,7 +361,10 @@ class Runner:
                 else:
                     gathered = self._gather(step, ready)
                     if gathered is not None:
-                        list(executor.map(lambda c: self._run_cell(step, c, gathered), ready))
+                        futures = [executor.submit(self._run_cell, step, c, gathered)
+                                   for c in ready]
+                        for future in futures:
+                            future.result()
         summary.cells = list(self.cells.values())
         summary.ended = time.time()
         atomic_write(run_dir / SUMMARY, json.dumps(summary.to_json(), indent=2), backup=False)
