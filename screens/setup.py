@@ -125,6 +125,7 @@ class SetupScreen(ConsoleScreen):
         self._last_drain = 0.0
         self._drain_timer: Timer | None = None
         self.standing: Standing | None = None
+        self._seen_run: str | None = None
 
     @property
     def state_dir(self) -> Path:
@@ -152,10 +153,15 @@ class SetupScreen(ConsoleScreen):
         cluster = self.console.cluster
         self.standing = Standing(cluster, self.steps)
         self.grid.build(self.steps, cluster.names())
-        self._repaint()
         self._lend_password()
-        self._status("reading the saved runs…")
-        self.read_standing()
+        # The first picture is complete at once (a few small local files; later reads, when
+        # the screen is shown again, happen in a worker).
+        self.on_setup_standing_read(SetupStandingRead(read_summaries(self.state_dir)),
+                                    immediate=True)
+
+    def on_screen_resume(self) -> None:
+        if self.standing is not None and self.runner is None:
+            self.read_standing()
 
     def on_unmount(self) -> None:
         if self.runner is not None:
@@ -203,16 +209,21 @@ class SetupScreen(ConsoleScreen):
     def read_standing(self) -> None:
         self.post_message(SetupStandingRead(read_summaries(self.state_dir)))
 
-    def on_setup_standing_read(self, message: SetupStandingRead) -> None:
+    def on_setup_standing_read(self, message: SetupStandingRead, immediate: bool = False) -> None:
+        """Where the cluster stands, from the saved runs (not while a run is going)."""
         assert self.standing is not None
+        newest = message.summaries[-1].run_id if message.summaries else None
+        if self.runner is not None or (newest == self._seen_run and not immediate):
+            return  # nothing new (e.g. a modal closed), or a run of ours is going
+        self._seen_run = newest
+        self.standing.cells.clear()
         for summary in message.summaries:
             self.standing.absorb(summary)
         self._repaint()
-        if self.runner is None:
-            last = message.summaries[-1] if message.summaries else None
-            self._status(f"last run {last.run_id}: {outcome(last)}" if last else
-                         "no bring-up run yet: d shows what a run would do, R runs every step")
-        self._show_cell(self._cursor())
+        last = message.summaries[-1] if message.summaries else None
+        self._status(f"last run {last.run_id}: {outcome(last)}" if last else
+                     "no bring-up run yet: d shows what a run would do, R runs every step")
+        self._show_cell(self._cursor(), immediate)
 
     # ------------------------------------------------------------------ the log pane
 
@@ -220,7 +231,9 @@ class SetupScreen(ConsoleScreen):
     def _cell_highlighted(self, event: DataTable.CellHighlighted) -> None:
         self._show_cell((str(event.cell_key.row_key.value), str(event.cell_key.column_key.value)))
 
-    def _show_cell(self, key: CellKey | None) -> None:
+    def _show_cell(self, key: CellKey | None, immediate: bool = False) -> None:
+        """Show the cell's commands and log in the pane (read in a worker unless
+        ``immediate``)."""
         if key is None or self.standing is None:
             return
         self._shown = key
@@ -231,15 +244,23 @@ class SetupScreen(ConsoleScreen):
             return
         state = self.standing.state(*key)
         title = f"{step.id} on {node}: {state.value if state else 'not run yet'}"
-        if key in self._live:  # a cell of the running run: its commands, then its lines live
-            self.load_cell(step, node, title, list(self._live[key]))
+        live = list(self._live[key]) if key in self._live else None
+        known = self.standing.cells.get(key)
+        if immediate:
+            self.on_setup_text(SetupText(title, self._cell_lines(step, node, live, known), key))
         else:
-            self.load_cell(step, node, title, None, self.standing.cells.get(key))
+            self.load_cell(step, node, title, live, known)
 
     @work(thread=True, exclusive=True, group="setup-cell", name="show a bring-up cell",
           exit_on_error=False)
     def load_cell(self, step: Step, node: str, title: str, live: list[str] | None,
-                  known: Known | None = None) -> None:
+                  known: Known | None) -> None:
+        self.post_message(SetupText(title, self._cell_lines(step, node, live, known),
+                                    (step.id, node)))
+
+    def _cell_lines(self, step: Step, node: str, live: list[str] | None,
+                    known: Known | None) -> list[str]:
+        """The cell's commands, then its live lines (a running cell) or its log's end."""
         lines = plan_lines(self._runner([step], nodes=[node]))
         if live is not None:
             lines += ["── live output"] + live
@@ -250,7 +271,7 @@ class SetupScreen(ConsoleScreen):
         else:
             lines += [f"── run {known.run_id} kept no log of this cell"
                       + (f": {known.detail}" if known.detail else "")]
-        self.post_message(SetupText(title, lines, (step.id, node)))
+        return lines
 
     def on_setup_text(self, message: SetupText) -> None:
         if message.cell is not None and message.cell != self._shown:
@@ -465,6 +486,7 @@ class SetupScreen(ConsoleScreen):
             self._status("the run stopped on an error (see the notification)")
             return
         self.standing.absorb(message.summary)
+        self._seen_run = message.summary.run_id
         self._repaint()
         self._status(f"run {message.summary.run_id}: {outcome(message.summary)}")
         self._show_cell(self._shown)
