@@ -311,6 +311,13 @@ def test_tiny_sensevoice_two_nodes_launch_reattach_resume_stop(fresh_loopback, t
         assert code == 0 and lines and all(line.startswith("node1: ") for line in lines)
         assert len(lines) == len(list(parse_file(first.node("node1").log)))
 
+        code, stdout, _ = cli(capsys, *common, "metrics", first.id, "--json")
+        doc = json.loads(stdout)
+        assert code == 0 and {f["node"] for f in doc["files"]} == {"node0", "node1"}
+        cli_rows = sorted((r["node"], r["rank"], r["epoch"], r["total_step"], r["loss_avg_rank"])
+                          for r in doc["lines"] if r["kind"] == "train")
+        assert cli_rows == sorted(rows)
+
         # 3. resume with more epochs, then stop it mid-training
         profile_file.write_text(yaml.safe_dump(tiny_profile(tiny, out, max_epoch=4)))
         code, stdout, err = cli(capsys, *common, "launch", "--resume", first.id, "--profile",

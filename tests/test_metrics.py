@@ -338,10 +338,14 @@ def test_cli_summary_names_the_fault_and_fix() -> None:
     assert "gradient sync (median bwd_allreduce; < 500 ms normal, > 2000 ms bad): rank0 " in text
 
 
-def test_cli_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_cli("run-42")[0] == 2
-    assert "not available yet" in capsys.readouterr().err
+def test_cli_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SVCONSOLE_STATE_DIR", str(tmp_path / "state"))
+    assert run_cli("run-42")[0] == 2  # no such run here, nor on the (local) cluster's nodes
+    assert "run-42" in capsys.readouterr().err
     assert run_cli()[0] == 2
+    assert run_cli("run-42", "--log", str(FP32))[0] == 2
+    assert "one of the two" in capsys.readouterr().err
     missing = tmp_path / "nope.log"
     assert run_cli("--log", str(missing))[0] == 2
     assert f"{missing}: No such file or directory" in capsys.readouterr().err

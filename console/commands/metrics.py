@@ -6,7 +6,8 @@
   per-rank summary, validation losses and the faults found with their fix. JSON numbers are
   numbers, nan/inf are null. ``--png`` draws loss and learning rate over total step.
   Each file is one node's log; the node is named after the file (``node0.log`` -> ``node0``).
-* ``svconsole metrics RUN`` (a launched run's logs) is not available yet.
+* ``svconsole metrics RUN [--json|--csv|--png]``: the same for a launched run (its id, a unique
+  prefix or ``latest``), reading each node's log over the SSH pool as it is now.
 
 Exit status: 0 fine, 1 when an error-level fault was found, 2 for bad input.
 """
@@ -19,6 +20,7 @@ import io
 import json
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "works on log files without any cluster.",
     )
     parser.add_argument("run", metavar="RUN", nargs="?",
-                        help="a launched run's id (not available yet: use --log)")
+                        help="a launched run: its id, a unique prefix, or 'latest' "
+                             "(its logs are read over SSH from every node)")
     parser.add_argument("--log", metavar="FILE", nargs="+", action="extend", default=[],
                         help="log file(s) to parse, one per node")
     out = parser.add_mutually_exclusive_group()
@@ -66,26 +69,30 @@ class _Parsed:
 
 
 def handler(args: argparse.Namespace, ctx: Context) -> int:
-    if args.run is not None:
-        print(f"svconsole metrics: reading a run's logs (RUN {args.run!r}) is not available yet; "
-              "use --log FILE", file=sys.stderr)
-        return EXIT_USAGE
-    if not args.log:
-        print("svconsole metrics: give --log FILE... (or a RUN, later)", file=sys.stderr)
+    if (args.run is None) == (not args.log):
+        print("svconsole metrics: give a RUN or --log FILE... (one of the two)", file=sys.stderr)
         return EXIT_USAGE
     with MetricsStore() as store:
         parsed = _Parsed(store)
-        for name in args.log:
-            try:
-                _read(Path(name), parsed, keep_unparsed=args.all)
-            except OSError as exc:
-                print(f"svconsole metrics: {name}: {exc.strerror or exc}", file=sys.stderr)
+        if args.run is not None:
+            failed = _read_run(args.run, parsed, ctx, keep_unparsed=args.all)
+            if failed:
+                print(f"svconsole metrics: {failed}", file=sys.stderr)
                 return EXIT_USAGE
+            sources = [args.run]
+        else:
+            for name in args.log:
+                try:
+                    _read(str(name), ((Path(name).stem, e) for e in parse_file(name)), parsed,
+                          keep_unparsed=args.all)
+                except OSError as exc:
+                    print(f"svconsole metrics: {name}: {exc.strerror or exc}", file=sys.stderr)
+                    return EXIT_USAGE
+            sources = [Path(n).name for n in args.log]
         findings = store.findings()
         status = EXIT_FAILED if any(f.severity is Severity.ERROR for f in findings) else EXIT_OK
         if args.png:
-            title = ", ".join(Path(n).name for n in args.log)
-            store.to_png(args.png, title=title)
+            store.to_png(args.png, title=", ".join(sources))
             print(f"wrote {args.png}", file=ctx.out)
         elif args.json:
             doc = {"files": parsed.files, **store.to_json(), "lines": parsed.rows}
@@ -97,17 +104,42 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
         return status
 
 
-def _read(path: Path, parsed: _Parsed, *, keep_unparsed: bool) -> None:
-    node = path.stem
+def _read_run(run: str, parsed: _Parsed, ctx: Context, *, keep_unparsed: bool) -> str | None:
+    """Read a launched run's logs from its nodes; the error text, or None."""
+    from console.follow import FollowError, read_run
+    from console.runs import RunNotFound, resolve_run
+
+    try:
+        record = resolve_run(ctx.pool, ctx.state_dir, run)
+    except RunNotFound as exc:
+        return str(exc)
+    by_node: dict[str, list[Event]] = {}
+    try:
+        for node, event in read_run(ctx.pool, record):
+            by_node.setdefault(node, []).append(event)
+    except FollowError as exc:
+        return f"run {record.run_id}: {exc}"
+    for node in record.nodes:
+        events = by_node.get(node.node, [])
+        _read(f"{node.node}:{node.log}", ((node.node, e) for e in events), parsed,
+              keep_unparsed=keep_unparsed)
+    return None
+
+
+def _read(path: str, events: Iterable[tuple[str, Event]], parsed: _Parsed, *,
+          keep_unparsed: bool) -> None:
+    """Add one node's log (``(node, event)`` in line order) to the rows and the store."""
     counts: Counter[str] = Counter()
     lines = 0
-    for event in parse_file(str(path)):
+    node = ""
+    for node, event in events:
         lines += 1
         counts[event.kind] += 1
         parsed.store.add(event, node=node)
         if keep_unparsed or not isinstance(event, Unparsed):
             parsed.rows.append(_row(event, node))
-    parsed.files.append({"path": str(path), "node": node, "lines": lines, "kinds": dict(counts)})
+    parsed.files.append({"path": path, "node": node or Path(path).stem, "lines": lines,
+                         "kinds": dict(counts)})
 
 
 def _row(event: Event, node: str) -> dict[str, Any]:
