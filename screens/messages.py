@@ -14,8 +14,10 @@ from textual.message import Message
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from console.cluster import Cluster
     from console.metrics import RankStatus
     from console.pool import NodeStatus
+    from console.probe import NodeFacts
     from console.runs import RunRecord
     from console.telemetry import TelemetryUpdate
 
@@ -179,3 +181,37 @@ class SetupSudoChecked(Message):
     def __init__(self, modes: dict[str, str]) -> None:
         super().__init__()
         self.modes = dict(modes)
+
+
+class NodeFactsArrived(Message):
+    """A probe of one node finished: its facts (fresh, or the last known ones marked stale).
+
+    Posted per node as each probe ends, so a slow node never holds back the others. A newer
+    message for the same node replaces a queued older one.
+    """
+
+    def __init__(self, facts: NodeFacts) -> None:
+        super().__init__()
+        self.facts = facts
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, NodeFactsArrived) and message.facts.node == self.facts.node
+
+
+class ProbeRoundFinished(Message):
+    """A round of probes ended (every node it covered answered or failed)."""
+
+    def __init__(self, nodes: tuple[str, ...], seconds: float) -> None:
+        super().__init__()
+        self.nodes = nodes
+        self.seconds = seconds
+
+
+class ClusterChanged(Message):
+    """cluster.yaml was written (node added, edited, removed, hostfile imported): the new cluster,
+    and what happened in words for the operator."""
+
+    def __init__(self, cluster: Cluster, what: str) -> None:
+        super().__init__()
+        self.cluster = cluster
+        self.what = what
