@@ -205,6 +205,10 @@ def test_setup_twice_through_the_cli_second_says_nothing_changed(
     assert second["message"].startswith("nothing changed")
     log = tmp_path / "state" / "runs" / second["run_id"] / "node2" / "nccl-env.log"
     assert "already holds it" in log.read_text()
+    assert cli(loopback, monkeypatch, tmp_path, *args[:-1]) == 0  # the same, as text
+    text = capsys.readouterr().out
+    assert "node2: [nccl-env] == already done: " in text
+    assert text.rstrip().splitlines()[-1].startswith("nothing changed: every step was already")
 
 
 def test_setup_root_steps_need_yes_when_not_interactive(
@@ -217,3 +221,32 @@ def test_setup_root_steps_need_yes_when_not_interactive(
     assert cli(loopback, monkeypatch, tmp_path, "setup", "--retry-failed") == 2
     assert cli(loopback, monkeypatch, tmp_path, "setup", "--profile", "nope") == 2
     assert "unknown package profile 'nope'" in capsys.readouterr().err
+
+
+def test_reboot_and_not_applicable_states_and_cancel(pool, tmp_path) -> None:
+    import threading
+    import time
+
+    kmod = Step("kmod", "module", Phase.SOFTWARE, needs_root=True,
+                apply=lambda ctx: [Command("echo 'installed; reboot to load it'; exit 100")])
+    gpu = Step("gpu", "only with GPU", Phase.SOFTWARE,
+               check=lambda ctx: [Command("echo 'no GPU here'; exit 101")],
+               apply=lambda ctx: [Command("exit 1")])
+    summary = Runner(pool, pool.cluster, [kmod, gpu], state_dir=tmp_path,
+                     nodes=["node0", "node2"]).run()
+    assert summary.cell("kmod", "node2").state == StepState.NEEDS_REBOOT
+    assert summary.cell("kmod", "node2").detail == "installed; reboot to load it"
+    assert summary.cell("gpu", "node2").state == StepState.NOT_APPLICABLE
+    assert retry_selection(summary)[1] == {("kmod", "node0"), ("kmod", "node2")}
+
+    slow = Step("slow", "sleeps", Phase.SOFTWARE, apply=lambda ctx: [Command("sleep 60")])
+    after = Step("after", "next", Phase.SOFTWARE, apply=lambda ctx: [Command("true")])
+    runner = Runner(pool, pool.cluster, [slow, after], state_dir=tmp_path, nodes=["node1"])
+    timer = threading.Timer(1.5, runner.cancel)
+    timer.start()
+    started = time.monotonic()
+    summary = runner.run()
+    timer.join()
+    assert time.monotonic() - started < 30
+    assert summary.cell("slow", "node1").state == StepState.FAILED
+    assert summary.cell("after", "node1").state == StepState.SKIPPED

@@ -306,7 +306,7 @@ def sysctl_body(options: SetupOptions) -> str:
 
 
 def _sysctl_values_match(options: SetupOptions) -> Command:
-    tests = [f'[ "$(sysctl -n {k} | tr -s "[:space:]" " ")" = {q(v)} ]'
+    tests = [f'[ "$(sysctl -n {k} | xargs)" = {q(v)} ]'  # xargs: tabs -> single spaces
              for k, v in sysctl_settings(options).items()]
     return Command(" && ".join(tests))
 

@@ -261,6 +261,7 @@ class Runner:
         self._subscribers: list[Callable[[RunEvent], None]] = []
         self._lock = threading.Lock()
         self._sudo: dict[str, str] = {}
+        self._noise: dict[str, set[str]] = {}
         self._cancelled = threading.Event()
         self._streams: set[Any] = set()
 
@@ -459,16 +460,18 @@ class Runner:
 
     def _exec(self, step: Step, cell: Cell, command: Command,
               log: IO[str]) -> tuple[int | None, str]:
-        """Run one command on the cell's node, streaming its lines; (exit code, last line)."""
+        """Run one command on the cell's node, streaming its lines; (exit code, last line that
+        is not the node's login noise)."""
         self._line(step, cell, log, "$ " + command.render())
         text, last = command.text, ""
+        noise = self._login_noise(cell.node)
         mode = self._sudo_mode(cell.node) if step.needs_root else "root"
         if mode == "password":
             result = self.pool.run(cell.node, text, sudo=True, stdin=command.stdin or "",
                                    timeout=step.timeout)
             for line in (result.stdout + result.stderr).splitlines():
                 self._line(step, cell, log, line)
-                last = line or last
+                last = line if line and line not in noise else last
             if result.error:
                 self._line(step, cell, log, f"[{result.error}]")
                 return None, result.error
@@ -482,7 +485,7 @@ class Runner:
             with stream:
                 for line in stream:
                     self._line(step, cell, log, line.text)
-                    last = line.text or last
+                    last = line.text if line.text and line.text not in noise else last
         finally:
             with self._lock:
                 self._streams.discard(stream)
@@ -490,6 +493,14 @@ class Runner:
             self._line(step, cell, log, f"[{stream.error}]")
             return None, stream.error
         return stream.exit, last
+
+    def _login_noise(self, node: str) -> set[str]:
+        """Lines the node prints for any command (a chatty .bashrc), learnt once with ``true``:
+        kept in the log, never taken as a step's result line."""
+        if node not in self._noise:
+            result = self.pool.run(node, "true", timeout=30)
+            self._noise[node] = set((result.stdout + result.stderr).splitlines())
+        return self._noise[node]
 
     def _sudo_mode(self, node: str) -> str:
         """"root", "nopass" or "password": how root steps run on ``node`` (asked once)."""
