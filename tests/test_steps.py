@@ -16,7 +16,7 @@ import pytest
 
 from console.cluster import load_cluster
 from console.steps import edits
-from console.steps.catalog import CATALOG, get_steps, nccl_env_file, sysctl_settings
+from console.steps.catalog import CATALOG, get_steps, sysctl_settings
 from console.steps.measure import flag_slow, latency_verdict
 from console.steps.model import (
     EXIT_NOT_APPLICABLE,
@@ -25,6 +25,7 @@ from console.steps.model import (
     SetupOptions,
     Step,
     StepContext,
+    nccl_env_file,
 )
 from console.steps.runner import order_steps
 

@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,7 @@ from console.cluster import load_cluster
 from console.pool import Pool
 from console.steps import Runner, SetupOptions, StepState
 from console.steps.measure import MASTER_PORT, STEPS
+from console.steps.model import nccl_env_file
 
 
 def test_collective_bandwidth_over_gloo_between_two_nodes(loopback, tmp_path) -> None:
@@ -23,9 +25,19 @@ def test_collective_bandwidth_over_gloo_between_two_nodes(loopback, tmp_path) ->
     cluster = load_cluster(loopback.cluster_yaml)
     step = next(s for s in STEPS if s.id == "collective")
     options = SetupOptions(bench_mb=2, bench_iters=3)
-    with Pool(cluster) as pool:
-        summary = Runner(pool, cluster, [step], state_dir=tmp_path, options=options,
-                         nodes=["node1", "node2"]).run()
+    env_file = Path(nccl_env_file(cluster, "node1"))  # as the nccl-env step writes it
+    env_file.parent.mkdir(parents=True, exist_ok=True)
+    saved = env_file.read_text() if env_file.exists() else None
+    env_file.write_text('export GLOO_SOCKET_IFNAME="lo"\necho "sourced $GLOO_SOCKET_IFNAME"\n')
+    try:
+        with Pool(cluster) as pool:
+            summary = Runner(pool, cluster, [step], state_dir=tmp_path, options=options,
+                             nodes=["node1", "node2"]).run()
+    finally:
+        if saved is None:
+            env_file.unlink()
+        else:
+            env_file.write_text(saved)
     assert {c.node: c.state for c in summary.cells} == {"node1": StepState.DONE,
                                                          "node2": StepState.DONE}
     report = summary.measurements["collective"]["report"]
@@ -36,8 +48,8 @@ def test_collective_bandwidth_over_gloo_between_two_nodes(loopback, tmp_path) ->
     assert report["busbw_gbps"] == pytest.approx(report["algbw_gbps"])
     assert re.match(r"all_reduce of 2 MiB over gloo, 2 ranks on 2 nodes: algbw [\d.]+ GB/s, "
                     r"busbw [\d.]+ GB/s$", summary.notes["collective"][0])
-    log = tmp_path / "runs" / summary.run_id / "node1" / "collective.log"
-    assert "SVBENCH {" in log.read_text()
+    log = (tmp_path / "runs" / summary.run_id / "node1" / "collective.log").read_text()
+    assert "SVBENCH {" in log and "sourced lo" in log
 
 
 def test_verify_cli_measures_latency_iperf_storage_and_master_port(

@@ -25,6 +25,7 @@ from console.steps.model import (
     Step,
     StepContext,
     head_node,
+    nccl_env_file,
     says,
 )
 from console.steps.profiles import get_profile
@@ -325,11 +326,6 @@ def _sysctl_apply(ctx: StepContext) -> list[Command]:
 
 def _sysctl_verify(ctx: StepContext) -> list[Command]:
     return [_sysctl_values_match(ctx.options)]
-
-
-def nccl_env_file(cluster: Cluster, node: str) -> str:
-    """Where the NCCL environment of ``node`` is kept (sourced before torchrun on that node)."""
-    return f"{cluster.shared_dir}/svconsole/nccl/{node}.env"
 
 
 def _nccl_command(ctx: StepContext, check: bool) -> Command:

@@ -6,7 +6,8 @@ Each measurement runs on the nodes through the pool and returns numbers, not jus
   client on the other, timed on the node). The seed's target of < 20 us is an RDMA figure; over
   TCP, tens of microseconds is the best case, and the report says so plainly;
 * collective bandwidth: ``scripts/collective_bench.py`` on all nodes at once (NCCL where GPUs
-  exist, gloo otherwise), reporting algorithm and bus bandwidth;
+  exist, gloo otherwise; with the node's NCCL env file when the nccl-env step wrote one),
+  reporting algorithm and bus bandwidth;
 * iperf3 from the first node to each other node, when iperf3 is installed;
 * GPU burn-in: ``scripts/burnin.py`` on every node, TFLOP/s per GPU, slow GPUs flagged;
 * storage: sequential write (with fsync) and read on ``shared_dir``, every node at the same time;
@@ -37,6 +38,7 @@ from console.steps.model import (
     SetupOptions,
     Step,
     StepState,
+    nccl_env_file,
     says,
 )
 
@@ -338,7 +340,9 @@ def measure_collective(pool: Pool, cluster: Cluster, nodes: list[str], options: 
             path = _put_script(pool, name, "collective_bench.py")
         except RuntimeError as exc:
             return name, str(exc)
-        cmd = (f"{node_python(cluster)} {q(path)} --node-rank {rank} --nnodes {len(order)} "
+        env = q(nccl_env_file(cluster, name))
+        cmd = (f"if [ -f {env} ]; then . {env}; fi; "
+               f"{node_python(cluster)} {q(path)} --node-rank {rank} --nnodes {len(order)} "
                f"--master-addr {q(host)} --master-port {port} --size-mb {options.bench_mb:g} "
                f"--iters {options.bench_iters} --timeout 120")
         result = pool.run(name, cmd, timeout=300)

@@ -217,3 +217,9 @@ def head_node(cluster: Cluster) -> Node:
         if node.role == "head":
             return node
     return cluster.master_node
+
+
+def nccl_env_file(cluster: Cluster, node: str) -> str:
+    """Where the NCCL environment of ``node`` is kept on shared_dir (written by the nccl-env
+    step, sourced before torchrun and before the collective benchmark on that node)."""
+    return f"{cluster.shared_dir}/svconsole/nccl/{node}.env"
