@@ -516,6 +516,11 @@ class Pool:
             if gateway is not None and peer is not gateway and not peer.node.local:
                 peer.gateway = gateway
 
+    def set_sudo_password(self, provider: Callable[[], str | None] | None) -> None:
+        """Who answers sudo's password from now on (the TUI lends a modal's in-memory secret;
+        the CLI a terminal prompt). ``None``: sudo commands that need a password fail."""
+        self._sudo_password = provider
+
     def _make_peer(self, node: Node, sessions: int) -> _Peer:
         ssh = self.cluster.ssh
         peer = _Peer(

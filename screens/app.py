@@ -95,6 +95,9 @@ class SVConsoleApp(App[int]):
 
 
 def run_app(ctx: Context) -> int:
+    # No terminal prompt for sudo while Textual owns the terminal: the Setup screen asks in a
+    # modal and lends the pool that in-memory secret.
+    ctx.pool.set_sudo_password(None)
     app = SVConsoleApp(ctx.cluster, ctx.pool)
     app.run()
     return app.return_code or 0

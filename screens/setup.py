@@ -188,12 +188,7 @@ class SetupScreen(ConsoleScreen):
     def _lend_password(self) -> None:
         """The pool asks this screen's in-memory secret for sudo's password, never a terminal
         prompt (which would fight Textual for the terminal)."""
-        pool = self.console.pool
-        setter = getattr(pool, "set_sudo_password", None)
-        if setter is not None:
-            setter(self.secret)
-        else:  # Pool has no public setter yet (see the report to the lead)
-            pool._sudo_password = self.secret
+        self.console.pool.set_sudo_password(self.secret)
 
     def _cursor(self) -> CellKey | None:
         grid = self.grid

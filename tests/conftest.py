@@ -10,6 +10,8 @@ Loopback cluster (real OpenSSH sshd processes on 127.0.1.x, see console/loopback
 - ``fresh_loopback`` (function scope): a factory ``fresh_loopback(n=2, banner_nodes=()) ->
   LoopbackCluster`` for a private cluster, already up, stopped after the test.
 
+Every test also gets a private ``SVCONSOLE_STATE_DIR``.
+
 Every sshd is stopped at the end of the session, at interpreter exit if a teardown did not run,
 and by a watchdog process if pytest itself is killed. SSH tests are skipped only when no sshd binary is installed.
 """
@@ -60,6 +62,14 @@ def loopback(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackClust
     cluster = _start(tmp_path_factory.mktemp("loopback"), LOOPBACK_NODES, LOOPBACK_BANNER_NODES)
     yield cluster
     _stop(cluster)
+
+
+@pytest.fixture(autouse=True)
+def _private_state_dir(tmp_path_factory: pytest.TempPathFactory,
+                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test gets its own svconsole state directory (facts cache, run index, setup runs),
+    so neither the developer's real state nor another test's leaks into it."""
+    monkeypatch.setenv("SVCONSOLE_STATE_DIR", str(tmp_path_factory.mktemp("state")))
 
 
 @pytest.fixture(autouse=True)
