@@ -184,7 +184,7 @@ def _gpu_line(view: NodeView, g: GPUView, width: int) -> Text:
 
 def _gpu_block(view: NodeView, g: GPUView, width: int) -> list[Text]:
     """The detailed form: identity line, a bar + sparkline line for utilisation and for memory
-    (with the 6.1 advice when alarming), then the processes."""
+    (with the 6.1 advice when alarming), then the processes (at least one line)."""
     r = g.reading
     head = Text(f"GPU{r.index} ", style="bold")
     head.append(r.name or "?")
@@ -223,6 +223,8 @@ def _gpu_block(view: NodeView, g: GPUView, width: int) -> list[Text]:
                         style="bold cyan")
         line.append(p.cmd or "?", style="grey70")
         lines.append(line)
+    if not r.procs:     # a steady height: the panel does not jump as processes come and go
+        lines.append(Text("  no compute process", style="grey50"))
     return lines
 
 
@@ -279,26 +281,44 @@ class NodePanel(Widget, can_focus=True):
         super().__init__(classes="gpu-node")
         self.detail = detail
         self.view = view
+        self._cache: tuple[int, list[Text]] | None = None   # (width, lines) of this view
         self.show(view)
 
     def show(self, view: NodeView, *, detail: bool | None = None) -> None:
-        """Show ``view`` (and switch the compact/detail form when ``detail`` is given)."""
+        """Show ``view`` (and switch the compact/detail form when ``detail`` is given); the
+        layout is redone only when the panel's shape (so its height) changes."""
+        before = self._shape()
         self.view = view
         if detail is not None:
             self.detail = detail
+        self._cache = None
         title = view.name
         if view.node_rank is not None:
             title += f" (node rank {view.node_rank})"
         simulated = " · SIMULATED" if view.simulated else ""
         self.border_title = f"{title} · {view.state_text}{simulated}"
         self.border_subtitle = "SIMULATED" if view.simulated else ""
-        self.set_class(view.simulated, "-simulated")
-        self.set_class(view.status == NodeStatus.STALE, "-stale")
-        self.set_class(view.status == NodeStatus.DOWN, "-down")
-        self.refresh(layout=True)
+        for name, wanted in (("-simulated", view.simulated),
+                             ("-stale", view.status == NodeStatus.STALE),
+                             ("-down", view.status == NodeStatus.DOWN)):
+            if self.has_class(name) != wanted:     # a class change restyles: only when needed
+                self.set_class(wanted, name)
+        self.refresh(layout=self._shape() != before)
+
+    def _shape(self) -> tuple:
+        """What the number of content lines depends on."""
+        v = self.view
+        procs = (tuple(max(1, len(g.reading.procs)) for g in v.gpus) if self.detail
+                 else len(v.gpus))
+        reason = v.reason if v.status != NodeStatus.LIVE else ""
+        return (self.detail, v.has_sample, v.status, reason, v.no_gpu, procs)
 
     def lines(self, width: int | None = None) -> list[Text]:
-        return node_lines(self.view, width or self.content_size.width or 76, detail=self.detail)
+        """The panel's content lines for ``width`` cells (cached per view and width)."""
+        width = width or self.content_size.width or 76
+        if self._cache is None or self._cache[0] != width:
+            self._cache = (width, node_lines(self.view, width, detail=self.detail))
+        return self._cache[1]
 
     def render(self) -> Text:
         text = Text("\n").join(self.lines())
@@ -326,8 +346,11 @@ class HeatGrid(Widget):
         self.views: tuple[NodeView, ...] = tuple(views)
 
     def show(self, views: Sequence[NodeView]) -> None:
+        """Show ``views``; the layout is redone only when the number of rows changes."""
+        width = self.content_size.width
+        rows = math.ceil(len(self.views) / self.columns(width)) if width else None
         self.views = tuple(views)
-        self.refresh(layout=True)
+        self.refresh(layout=rows != math.ceil(len(self.views) / self.columns(width or 1)))
 
     def _name_width(self) -> int:
         return min(self.NAME_WIDTH, max((len(v.name) for v in self.views), default=4))

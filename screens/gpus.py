@@ -265,6 +265,8 @@ class GPUsScreen(ConsoleScreen):
         self.detail: bool | None = None      # None: chosen from the terminal size
         self._unsubscribe: Callable[[], None] = lambda: None
         self._timer: Timer | None = None
+        self._due = 0.0                      # when the armed timer fires (monotonic)
+        self._overview_height = 0
         self._shown = False
         self._last_render = 0.0
         self._versions: dict[str, int] = {}
@@ -340,11 +342,18 @@ class GPUsScreen(ConsoleScreen):
             self.render_now(force=True)
 
     def _schedule(self, delay: float | None = None) -> None:
-        """Arm the one-shot render timer, unless hidden or already armed."""
-        if not self._shown or self._timer is not None:
+        """Arm the one-shot render timer (news: as soon as RENDER_EVERY allows; a ticking age:
+        ``delay``), unless hidden or already armed to fire sooner."""
+        if not self._shown:
             return
+        now = time.monotonic()
         if delay is None:
-            delay = max(0.05, self._last_render + RENDER_EVERY - time.monotonic())
+            delay = max(0.05, self._last_render + RENDER_EVERY - now)
+        if self._timer is not None:
+            if self._due <= now + delay:
+                return
+            self._timer.stop()
+        self._due = now + delay
         self._timer = self.set_timer(delay, self._tick)
 
     def _tick(self) -> None:
@@ -362,8 +371,9 @@ class GPUsScreen(ConsoleScreen):
         ``force``); re-armed every second while a node's age is ticking (stale, down)."""
         self._last_render = time.monotonic()
         views = self.board.views(self.clock())
-        self.query_one("#gpu-overview", Static).update(
-            overview_text(self.board.overview(), self.board.run, views))
+        text = overview_text(self.board.overview(), self.board.run, views)
+        height, self._overview_height = self._overview_height, len(text.plain.splitlines())
+        self.query_one("#gpu-overview", Static).update(text, layout=height != self._overview_height)
         self.query_one(HeatGrid).show(views)
         detail = self._detail()
         panels = self.query_one("#gpu-panels")
@@ -390,7 +400,7 @@ class GPUsScreen(ConsoleScreen):
         focused = self.focused
         index = panels.index(focused) + step if focused in panels else (0 if step > 0 else -1)
         panel = panels[index % len(panels)]
-        panel.focus()
+        panel.focus(scroll_visible=False)
         panel.scroll_visible(top=True, animate=False)
 
     def action_next_node(self) -> None:

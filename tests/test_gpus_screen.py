@@ -304,6 +304,12 @@ async def test_stale_node_is_shown_stale_with_its_age(three_nodes):
         assert "nodes 1/3 live" in ov and "stale: node0 (7 s)" in ov
         assert f"GPUs {in_use(sim_sample(30))}/8 in use" in ov   # the stale node's are not counted
         assert screen.panels["node1"].border_title == "node1 · live · SIMULATED"
+        feed(screen, "node0", None, NodeStatus.DOWN, "agent ended (exit -1): connection lost")
+        await settle(pilot)
+        assert panel.border_title == "node0 · down, last sample 7 s ago · SIMULATED"
+        assert panel.has_class("-down")
+        assert panel_text(screen, "node0").startswith("agent ended (exit -1): connection lost: "
+                                                      "the values below are 7 s old")
         feed(screen, "node0", sim_sample(31))   # it comes back
         await settle(pilot)
         assert panel.border_title == "node0 · live · SIMULATED" and not panel.has_class("-stale")
@@ -349,7 +355,12 @@ async def test_keys_move_between_nodes_and_toggle_grid_and_detail(three_nodes):
         await settle(pilot)
         await pilot.press("n")
         assert screen.focused is screen.panels["node0"]
-        await pilot.press("n", "n")
+        await pilot.press("n")
+        assert screen.focused is screen.panels["node1"]
+        await pilot.pause()
+        panels = screen.query_one("#gpu-panels")
+        assert screen.panels["node1"].region.y == panels.region.y      # scrolled to its top
+        await pilot.press("n")
         assert screen.focused is screen.panels["node2"]
         await pilot.press("n")
         assert screen.focused is screen.panels["node0"]
