@@ -367,7 +367,8 @@ def finding_text(finding: Finding, *, full: bool = False, where: bool = False) -
     text = Text()
     text.append(f"{SEVERITY_MARK[finding.severity]} ", style=style)
     if where:
-        place = ":".join(str(p) for p in (finding.line, finding.col) if p is not None)
+        place = ":".join(str(p) for p in (finding.file, finding.line, finding.col)
+                         if p is not None)
         head = " ".join(p for p in (place, finding.field) if p)
         if head:
             text.append(head + ": ", style="bold")
@@ -388,7 +389,7 @@ class FieldRow(Vertical):
     FieldRow > Horizontal { height: 1; }
     FieldRow Label { width: 36; padding-right: 1; color: $text-muted; }
     FieldRow Input { height: 1; border: none; padding: 0 1; width: 1fr; background: $boost; }
-    FieldRow Input:focus { background: $primary 30%; }
+    FieldRow Input:focus { border: none; background: $primary 30%; }
     FieldRow .field-findings { display: none; padding-left: 4; height: auto; }
     FieldRow.has-findings .field-findings { display: block; }
     """

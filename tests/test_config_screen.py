@@ -198,11 +198,11 @@ async def test_summary_diff_and_the_json_view(setup):
         area.text = '{\n  "steps_per_print": 10,\n  "steps_per_print": 20\n}\n'
         await settle(pilot)
         shown = str(screen.query_one("#json-findings").render())
-        assert "3:3 steps_per_print: duplicate key (first at line 2)" in shown
+        assert "ds_config.json:3:3 steps_per_print: duplicate key (first at line 2)" in shown
         area.text = '{\n  "steps_per_print": 10\n  "gradient_clipping": 1\n}\n'
         await settle(pilot)
         shown = str(screen.query_one("#json-findings").render())
-        assert "3:3: Expecting ',' delimiter" in shown
+        assert "ds_config.json:3:3: Expecting ',' delimiter" in shown
         assert screen.query_one(FieldRow).input.disabled, "the form waits for valid JSON"
         assert str(screen.query_one("#config-summary").render()).startswith("1 error / ")
 
