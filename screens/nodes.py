@@ -137,8 +137,9 @@ class NodesScreen(ConsoleScreen):
         "communication (NCCL) between ranks; the detail pane says what differs and what it costs. "
         "Facts of a node that stopped answering are its last known ones, shown as stale with "
         "their time.\n\n"
-        "r probes the marked nodes (all when none is marked), and every node runs again every "
-        "minute while this screen is shown. Space marks a node, a marks all or none. / filters "
+        "r probes the marked nodes (all when none is marked); every node is probed again every "
+        "minute while this screen is shown (without importing torch: its CUDA and NCCL versions "
+        "come from the last full probe). Space marks a node, a marks all or none. / filters "
         "by any text (name, host, state, verdict), s cycles the sort column (or click a header). "
         "n, e and x add, edit and remove a node in cluster.yaml (checked as the loader does, "
         "saved atomically with its comments; the old file is kept as cluster.yaml.bak); i and o "
@@ -159,7 +160,8 @@ class NodesScreen(ConsoleScreen):
         Binding("i", "import_hostfile", "Import hostfile", show=False, id="nodes.import"),
         Binding("o", "export_hostfile", "Export hostfile", show=False, id="nodes.export"),
         Binding("c", "reconnect", "Reconnect", show=False, id="nodes.reconnect"),
-        Binding("escape", "clear_filter", "Clear filter", show=False, id="nodes.clear_filter"),
+        Binding("escape", "clear_filter", "Clear filter", key_display="esc",
+                id="nodes.clear_filter"),
     ]
 
     #: Screen CSS (app level, so it can refine app.tcss's rules for #nodes-summary/#nodes-table).
@@ -225,7 +227,7 @@ class NodesScreen(ConsoleScreen):
         self._unsubscribe = follow_node_states(self, self.console.pool)
         self._layout(self.app.size.width)
         self.load_cached_facts(tuple(self.console.cluster.names()))
-        self.set_interval(self.AGE_INTERVAL, self._show_detail)
+        self.set_interval(self.AGE_INTERVAL, self._age)
         if self.console.health_interval:  # the app talks to the nodes: probe them now
             self.start_probe(self.console.cluster.names())
 
@@ -393,6 +395,19 @@ class NodesScreen(ConsoleScreen):
         box = self.query_one("#nodes-reasons", Static)
         box.update(lines)
         box.display = bool(reasons) and not (unprobed and self.probing)
+
+    def _age(self) -> None:
+        """Ages move on: the verdict's reasons ("facts from 5 min ago") and the detail pane."""
+        if self.report is not None and self.is_active:
+            self._assess()
+            self._summarise()
+            self._show_detail()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Clearing the filter is offered (in the footer) only while there is one."""
+        if action == "clear_filter":
+            return self.has_class("-filtering") or bool(self.filter_text)
+        return True
 
     def _show_detail(self) -> None:
         pane = self.query_one(NodeDetail)
