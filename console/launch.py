@@ -25,7 +25,6 @@ launched again, FunASR continues from ``output_dir/model.pt``.
 from __future__ import annotations
 
 import json
-import posixpath
 import shlex
 import time
 from collections.abc import Mapping
@@ -46,11 +45,10 @@ from console.runs import (
     save_record,
     stop_run,
 )
+from console.steps.model import nccl_env_file
 
 Entry = Literal["train_ds", "cpu-wrapper"]
 ENTRIES: tuple[Entry, ...] = ("train_ds", "cpu-wrapper")
-NCCL_ENV_FILE = "svconsole/nccl.env"
-"""The NCCL environment file (KEY=VALUE lines) that setup writes, relative to shared_dir."""
 CPU_WRAPPER = "sv_train_cpu.py"
 CPU_OVERRIDES = {"device": "cpu", "backend": "gloo"}
 """Overrides the CPU entry adds unless the profile's ``extra`` sets them."""
@@ -111,12 +109,11 @@ class NodeInfo:
 def inspect_nodes(pool: Pool, profile: TrainingProfile, master_port: int) -> dict[str, NodeInfo]:
     """Ask every node of the pool's cluster what the launch needs (in parallel)."""
     cluster = pool.cluster
-    env_file = posixpath.join(cluster.shared_dir, NCCL_ENV_FILE)
     data = [profile.train_data_set_list, profile.valid_data_set_list]
     per_node = {
         node.name: {"node": node.name, "output_dir": profile.output_dir, "data": data,
                     "port": master_port if node.name == cluster.master_node.name else None,
-                    "env_file": env_file}
+                    "env_file": nccl_env_file(cluster, node.name)}
         for node in cluster.nodes
     }
     replies = node_calls(pool, "inspect", per_node, timeout=60)
@@ -181,7 +178,7 @@ class LaunchPlan:
             f"world size {self.world_size}",
             f"master {self.master} at {self.master_addr}:{self.master_port}; entry {self.entry}",
             f"output_dir {self.output_dir}",
-            f"NCCL env file: {self.env_file or 'none found (' + NCCL_ENV_FILE + ' under shared_dir)'}",
+            f"NCCL env file: {self.env_file or 'none found (setup step nccl-env writes one per node)'}",
         ]
         for n in self.nodes:
             lines += ["", f"[{n.node}] node rank {n.node_rank}, host {n.host}, {n.nproc} process(es)",
@@ -273,7 +270,7 @@ def build_plan(cluster: Cluster, profile: TrainingProfile, infos: Mapping[str, N
             problems.append(str(exc))
             continue
         if (info.env_file or {}).get("values"):
-            env_file = posixpath.join(cluster.shared_dir, NCCL_ENV_FILE)
+            env_file = nccl_env_file(cluster, "{node}")  # one per node, named like this
         launcher = [info.torchrun] if info.torchrun else [info.python or "python3", "-m",
                                                            "torch.distributed.run"]
         argv = [*launcher, "--nnodes", str(len(order)), "--nproc-per-node", str(nproc),
@@ -501,6 +498,6 @@ def resume_options(record: RunRecord) -> LaunchOptions:
 
 __all__ = [
     "CPU_OVERRIDES", "Check", "ENTRIES", "Entry", "LaunchError", "LaunchOptions", "LaunchPlan",
-    "NCCL_ENV_FILE", "NodeInfo", "NodePlan", "PlanError", "Preparation", "build_plan",
+    "NodeInfo", "NodePlan", "PlanError", "Preparation", "build_plan",
     "inspect_nodes", "launch", "prepare", "resume_options", "resume_profile",
 ]

@@ -95,7 +95,7 @@ def test_plan_is_exact_per_node():
     assert b.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3" and b.env["OMP_NUM_THREADS"] == "8"
     assert (a.cwd, a.log, b.log) == ("/nfs/shared/out", "/nfs/shared/out/logs/a.log",
                                      "/nfs/shared/out/logs/b.log")
-    assert plan.world_size == 6 and plan.env_file == "/nfs/shared/svconsole/nccl.env"
+    assert plan.world_size == 6 and plan.env_file == "/nfs/shared/svconsole/nccl/{node}.env"
     text = plan.describe()
     for needed in ("world size 6", "NCCL_SOCKET_IFNAME=eth0", "CUDA_VISIBLE_DEVICES=0,1",
                    "log: /nfs/shared/out/logs/b.log", "++train_conf.use_deepspeed=true",
@@ -184,6 +184,26 @@ def test_preflight_names_every_failure_and_launch_refuses(lb2, tmp_path):
     assert took < 30, took
     with pytest.raises(LaunchError, match="pre-flight failed:\n.*data: node0: "):
         launching.launch(pool, prep, tmp_path)
+
+
+def test_plan_takes_each_nodes_nccl_env_from_setup(lb2, tmp_path):
+    """What setup's nccl-env step writes on shared storage is what the launch sets on each node."""
+    from console.steps.catalog import CATALOG
+    from console.steps.runner import Runner
+
+    lb, pool = lb2
+    assert Runner(pool, pool.cluster, [CATALOG["nccl-env"]], state_dir=tmp_path).run().ok
+    train = lb.shared_dir / "train.jsonl"
+    train.write_text(json.dumps(SAMPLE) + "\n")
+    profile = (default_profile().replace("output_dir", str(lb.shared_dir / "out"))
+               .replace("train_data_set_list", str(train))
+               .replace("valid_data_set_list", str(train))
+               .replace("train_conf.use_deepspeed", False))
+    prep = prepare(pool, profile, LaunchOptions(entry="cpu-wrapper"))
+    assert prep.plan is not None and "nccl/{node}.env" in prep.plan.describe()
+    for node in prep.plan.nodes:
+        assert node.env["NCCL_SOCKET_IFNAME"] and node.env["GLOO_SOCKET_IFNAME"], node.env
+        assert "NCCL_TIMEOUT" not in node.env
 
 
 # ---------------------------------------------------------------- end to end: real training
