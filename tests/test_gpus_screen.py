@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from rich.text import Text
+from test_telemetry import agent_pids  # tests/ is on sys.path (conftest.py lives there)
 
 import screens.app
 from console.cluster import Cluster, Node, load_cluster
@@ -460,22 +461,6 @@ def test_snapshot(snap_compare, size):
 
 
 # -------------------------------------------------------------------------- live agents
-
-
-def agent_pids(marker: str) -> list[int]:
-    """Live gpu_agent processes on this machine (the loopback nodes' /proc) with ``marker``."""
-    pids = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if "gpu_agent-" in cmd and marker in cmd and state != "Z":
-            pids.append(int(p.name))
-    return pids
 
 
 async def test_live_screen_shows_each_nodes_no_gpu_reason_and_leaves_no_agent(loopback):
