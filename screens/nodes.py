@@ -429,6 +429,9 @@ class NodesScreen(ConsoleScreen):
         name = message.facts.node
         if name not in self.console.cluster.names():
             return
+        current = self.facts.get(name)
+        if current is not None and message.facts.collected_at < current.collected_at:
+            return  # the cache read on mount came after a probe's newer facts
         self.facts[name] = message.facts
         self.probing.discard(name)
         self._render_table()

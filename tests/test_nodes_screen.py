@@ -411,6 +411,16 @@ def test_a_light_probe_keeps_torch_details_of_the_same_torch():
     assert keep_torch_details(light, None) is light
 
 
+async def test_older_facts_arriving_late_do_not_replace_newer_ones(app):
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await feed(app, pilot)
+        old = fixture_facts()[0]
+        old.collected_at -= 600
+        old.ok, old.stale = False, True
+        await feed(app, pilot, [old])
+        assert screen.facts["node0"].ok and screen.facts["node0"].collected_at == NOW - 12
+
+
 # ---------------------------------------------------------------- against real sshd
 
 
