@@ -73,6 +73,10 @@ class LaunchOptions:
     master_port: int | None = None
     """Default: the cluster's ``master_port``."""
     env: dict[str, str] = field(default_factory=dict)
+    deepspeed_json: str | None = None
+    """The DeepSpeed JSON edited in svconsole (its text). The launch validates it, writes it to
+    every node as ``<output_dir>/svconsole/<run>/ds_config.json`` and points
+    ``train_conf.deepspeed_config`` there; None: the profile's path, as it is on the nodes."""
     """More environment for the training (e.g. TORCH_EXTENSIONS_DIR), on every node."""
     cwd: str | None = None
     """Working directory on the nodes; default output_dir."""
@@ -247,8 +251,11 @@ def build_plan(cluster: Cluster, profile: TrainingProfile, infos: Mapping[str, N
     master = cluster.master_node
     order = [master] + [n for n in cluster.nodes if n.name != master.name]
     port = options.master_port or cluster.master_port
-    overrides = _overrides(profile, options.entry)
     out = profile.output_dir.rstrip("/")
+    run_id = run_id or new_run_id()
+    if options.deepspeed_json is not None and profile.train_conf.use_deepspeed:
+        profile = profile.replace("train_conf.deepspeed_config", shipped_ds_config(out, run_id))
+    overrides = _overrides(profile, options.entry)
     problems, nodes = [], []
     env_file = None
     for rank, node in enumerate(order):
@@ -281,7 +288,7 @@ def build_plan(cluster: Cluster, profile: TrainingProfile, infos: Mapping[str, N
                               options.cwd or out, f"{out}/logs/{node.name}.log"))
     if problems:
         raise PlanError("\n".join(problems))
-    return LaunchPlan(run_id or new_run_id(), cluster.name, master.name, master.host, port, out,
+    return LaunchPlan(run_id, cluster.name, master.name, master.host, port, out,
                       options.entry, overrides, nodes, options, env_file)
 
 
@@ -360,19 +367,30 @@ def _data_content(infos: Mapping[str, NodeInfo], profile: TrainingProfile) -> li
     return out
 
 
+def shipped_ds_config(output_dir: str, run_id: str) -> str:
+    """Where a launch writes the DeepSpeed JSON edited in svconsole, on every node."""
+    return f"{output_dir.rstrip('/')}/svconsole/{run_id}/ds_config.json"
+
+
 def _config_check(pool: Pool, plan: LaunchPlan, profile: TrainingProfile,
                   infos: Mapping[str, NodeInfo]) -> Check:
-    """The DeepSpeed JSON, validated by dsconfig with the plan's real world size."""
+    """The DeepSpeed JSON, validated by dsconfig with the plan's real world size: the text
+    edited in svconsole when the plan ships one, else the profile's file as the master has it."""
+    text = plan.options.deepspeed_json
     path = profile.train_conf.deepspeed_config
-    result = pool.run(plan.master, f"cat -- {shlex.quote(path)}", timeout=30)
-    if not result.ok:
-        return Check("deepspeed config", False,
-                     f"{path} is not readable on {plan.master}: "
-                     f"{result.error or result.stderr.strip() or 'exit ' + str(result.exit)}")
+    if text is not None:
+        path = f"ds_config.json (edited in svconsole, shipped to {shipped_ds_config(plan.output_dir, plan.run_id)})"
+    else:
+        result = pool.run(plan.master, f"cat -- {shlex.quote(path)}", timeout=30)
+        if not result.ok:
+            return Check("deepspeed config", False,
+                         f"{path} is not readable on {plan.master}: "
+                         f"{result.error or result.stderr.strip() or 'exit ' + str(result.exit)}")
+        text = result.stdout
     spec = dsconfig.ClusterSpec(
         tuple(dsconfig.NodeSpec(n.node, n.nproc, cpu_cores=infos[n.node].cpus)
               for n in plan.nodes), pool.cluster.shared_dir, "launch plan")
-    report = dsconfig.validate(result.stdout, name=path, profile=profile, cluster=spec)
+    report = dsconfig.validate(text, name=path, profile=profile, cluster=spec)
     if report.ok:
         return Check("deepspeed config", True,
                      f"{path}: valid for world size {plan.world_size} ({report.summary})")
@@ -452,6 +470,10 @@ def launch(pool: Pool, prep: Preparation, state_dir: Path, *, force: bool = Fals
     try:
         if plan.entry == "cpu-wrapper":
             _install_cpu_wrapper(pool, plan)
+        if plan.options.deepspeed_json is not None and prep.profile.train_conf.use_deepspeed:
+            for node in plan.nodes:  # one after another: on shared storage they race
+                pool.put(node.node, plan.options.deepspeed_json.encode(),
+                         shipped_ds_config(plan.output_dir, plan.run_id))
         save_record(pool, record, state_dir)
     except RemoteError as exc:
         raise LaunchError(str(exc)) from None
@@ -499,5 +521,5 @@ def resume_options(record: RunRecord) -> LaunchOptions:
 __all__ = [
     "CPU_OVERRIDES", "Check", "ENTRIES", "Entry", "LaunchError", "LaunchOptions", "LaunchPlan",
     "NodeInfo", "NodePlan", "PlanError", "Preparation", "build_plan",
-    "inspect_nodes", "launch", "prepare", "resume_options", "resume_profile",
+    "inspect_nodes", "launch", "shipped_ds_config", "prepare", "resume_options", "resume_profile",
 ]

@@ -31,6 +31,8 @@ from console.cluster import ConfigIssue
 
 #: Name of the profile file beside ``cluster.yaml``.
 PROFILE_NAME = "training.yaml"
+DS_CONFIG_NAME = "ds_config.json"
+"""The DeepSpeed JSON the Config screen edits, beside cluster.yaml; the launch ships it."""
 
 #: FunASR's batch types: ``token`` counts padded frames plus 1.2 x target tokens per batch,
 #: ``example`` counts utterances, anything else counts source frames.
@@ -180,6 +182,12 @@ def hydra_value(value: Scalar) -> str:
     if _BARE.fullmatch(value) and not _NOT_A_STRING.fullmatch(value):
         return value
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def ds_config_path_for(cluster_path: Path | None) -> Path:
+    """Where the DeepSpeed JSON edited in svconsole lives: beside ``cluster.yaml`` (else the
+    current directory)."""
+    return (cluster_path.parent if cluster_path else Path.cwd()) / DS_CONFIG_NAME
 
 
 def profile_path_for(cluster_path: Path | None) -> Path:

@@ -27,6 +27,7 @@ from console.profile import (
     ProfileError,
     TrainingProfile,
     default_profile,
+    ds_config_path_for,
     load_profile,
     profile_path_for,
 )
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from console.dsconfig import Finding
 
 #: The DeepSpeed JSON the Config screen edits, beside cluster.yaml.
-DS_CONFIG_NAME = "ds_config.json"
 #: The preset a missing DeepSpeed JSON starts from: the seed guide's ZeRO-1 bf16 config.
 SEED_PRESET = "seed_zero1_bf16"
 
@@ -331,8 +331,7 @@ class ConfigFiles:
 def read_files(cluster: Cluster) -> ConfigFiles:
     """Read the JSON and the profile beside cluster.yaml (the current directory for the
     embedded default); nothing is written."""
-    base = cluster.path.parent if cluster.path else Path.cwd()
-    ds_path = base / DS_CONFIG_NAME
+    ds_path = ds_config_path_for(cluster.path)
     ds_saved = ds_path.read_text(encoding="utf-8") if ds_path.exists() else None
     profile_path = profile_path_for(cluster.path)
     profile_saved = profile_path.read_text(encoding="utf-8") if profile_path.exists() else None

@@ -104,6 +104,30 @@ def test_plan_is_exact_per_node():
     assert LaunchPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
 
 
+def test_edited_deepspeed_json_is_shipped_with_the_run(lb2, tmp_path):
+    """The JSON saved by the Config screen goes to every node for this run, and the run's
+    ++train_conf.deepspeed_config points there; pre-flight validates that very text."""
+    lb, pool = lb2
+    cluster = pool.cluster
+    out = str(lb.shared_dir / "out")
+    profile = default_profile().replace("output_dir", out)
+    edited = json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                         "bf16": {"enabled": False}, "zero_optimization": {"stage": 7}})
+    infos = {n.name: info(n.name, gpus=[0]) for n in cluster.nodes}
+    options = LaunchOptions(deepspeed_json=edited)
+    plan = build_plan(cluster, profile, infos, options, run_id="r7")
+    shipped = f"{out}/svconsole/r7/ds_config.json"
+    assert f"++train_conf.deepspeed_config={shipped}" in plan.overrides
+    check = launching._config_check(pool, plan, profile, infos)
+    assert not check.ok and "zero_optimization.stage" in check.message, check
+    # launch writes the text on the nodes (a stand-in command instead of torchrun)
+    for node in plan.nodes:
+        node.argv[:] = ["true"]
+    record = launching.launch(pool, Preparation(infos, plan, [], profile), tmp_path)
+    runs.stop_run(pool, record, grace=2)
+    assert Path(shipped).read_text() == edited
+
+
 def test_cpu_entry_is_explicit_and_bad_nodes_are_named():
     cluster = parse_cluster(CLUSTER_YAML)
     profile = default_profile()

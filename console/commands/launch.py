@@ -47,6 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="rendezvous port (default: cluster.yaml's master_port)")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                         help="more environment for the training on every node (repeatable)")
+    parser.add_argument("--ds-config", metavar="FILE",
+                        help="the DeepSpeed JSON to ship to the nodes for this run (default: "
+                             "ds_config.json beside cluster.yaml, as the Config screen saves it, "
+                             "when it exists; 'profile': the profile's deepspeed_config path as "
+                             "it is on the nodes)")
     parser.add_argument("--resume", metavar="RUN",
                         help="launch RUN again with train_conf.resume=true")
     parser.add_argument("--dry-run", action="store_true",
@@ -79,7 +84,13 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
         resume_options,
         resume_profile,
     )
-    from console.profile import ProfileError, default_profile, load_profile, profile_path_for
+    from console.profile import (
+        ProfileError,
+        default_profile,
+        ds_config_path_for,
+        load_profile,
+        profile_path_for,
+    )
     from console.runs import RunNotFound, resolve_run
 
     try:
@@ -94,12 +105,17 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
             profile = resume_profile(previous)
         else:
             profile = default_profile()
-    except (ValueError, ProfileError, RunNotFound) as exc:
+        ds_file = (None if args.ds_config == "profile" else Path(args.ds_config) if args.ds_config
+                   else ds_config_path_for(ctx.cluster.path))
+        ds_json = (ds_file.read_text(encoding="utf-8")
+                   if ds_file is not None and (args.ds_config or ds_file.exists()) else None)
+    except (ValueError, ProfileError, RunNotFound, OSError) as exc:
         print(f"svconsole launch: {exc}", file=sys.stderr)
         return EXIT_USAGE
     options = resume_options(previous) if previous is not None else LaunchOptions()
     changes = {k: v for k, v in (("entry", args.entry), ("nproc_per_node", args.nproc_per_node),
-                                  ("master_port", args.master_port)) if v is not None}
+                                  ("master_port", args.master_port),
+                                  ("deepspeed_json", ds_json)) if v is not None}
     options = replace(options, **changes, env={**options.env, **env})
 
     with contextlib.redirect_stdout(sys.stderr):  # deepspeed's logger prints on stdout
