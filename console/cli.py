@@ -50,6 +50,8 @@ class Context:
         self.out = out or sys.stdout
         self.interactive = sys.stdin.isatty() if interactive is None else interactive
         self._sudo_password: str | None = None
+        #: ``--simulate-gpus``: the fixture the GPUs screen replays instead of real GPUs.
+        self.gpu_simulate: Path | None = None
         self._sudo_lock = threading.Lock()
 
     @cached_property
@@ -91,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cluster.yaml (default: ./cluster.yaml, then "
                              "~/.config/svconsole/cluster.yaml; without one, this machine "
                              "as a one-node cluster)")
+    from console.telemetry import SIMULATION_FIXTURE
+
+    parser.add_argument("--simulate-gpus", metavar="FIXTURE", nargs="?", type=Path,
+                        const=SIMULATION_FIXTURE,
+                        help="interactive console: the GPUs screen replays an nvml.json "
+                             "(default: real H200 readings shipped with svconsole), labelled "
+                             "SIMULATED, instead of the nodes' GPUs")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -111,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     ctx = Context(args.config)
+    ctx.gpu_simulate = args.simulate_gpus
     from console.cluster import ClusterConfigError
 
     try:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from textual import work
@@ -22,6 +24,12 @@ if TYPE_CHECKING:
     from console.pool import Pool
 
 
+def _build_screen(mode: str) -> Screen:
+    screen = importlib.import_module(f"screens.{mode}").SCREEN()
+    screen.mode_name = mode
+    return screen
+
+
 class SVConsoleApp(App[int]):
     """One app, one cluster, one pool. Screens read ``app.cluster`` and ``app.pool``."""
 
@@ -29,15 +37,17 @@ class SVConsoleApp(App[int]):
     TITLE = "svconsole"
     BINDINGS = GLOBAL_BINDINGS
     #: Each mode's screen is ``SCREEN`` in the module ``screens.<mode>`` (screens/nodes.py, ...).
-    MODES = {mode: (lambda m=mode: importlib.import_module(f"screens.{m}").SCREEN())
-             for mode, _, _ in SCREENS}
+    MODES = {mode: (lambda m=mode: _build_screen(m)) for mode, _, _ in SCREENS}
     DEFAULT_MODE = "nodes"
 
-    def __init__(self, cluster: Cluster, pool: Pool, *, health_interval: float | None = 5.0) -> None:
+    def __init__(self, cluster: Cluster, pool: Pool, *, health_interval: float | None = 5.0,
+                 gpu_simulate: Path | None = None) -> None:
         super().__init__()
         self.cluster = cluster
         self.pool = pool
         self.health_interval = health_interval
+        #: An nvml.json to replay on the GPUs screen instead of real GPUs (shown as SIMULATED).
+        self.gpu_simulate = gpu_simulate
         self.title = f"svconsole · {cluster.name}"
         self._unsubscribe = lambda: None
 
@@ -49,6 +59,26 @@ class SVConsoleApp(App[int]):
 
     def on_unmount(self) -> None:
         self._unsubscribe()
+
+    def reload_cluster(self, cluster: Cluster) -> None:
+        """Make ``cluster`` (just saved from the Nodes screen) the app's: a pool for it, the
+        header following it, health checks on it; the other screens are built anew on their next
+        visit (their workers stop with them), and the old pool closes in the background."""
+        from console.pool import Pool
+
+        old = self.pool
+        self.cluster, self.pool = cluster, Pool(cluster)
+        self.title = f"svconsole · {cluster.name}"
+        self._unsubscribe()
+        self._unsubscribe = follow_node_states(self, self.pool)
+        self._update_subtitle()
+        if self.health_interval:
+            self.start_health()
+        for mode, _, _ in SCREENS:
+            if mode != self.current_mode:
+                self.remove_mode(mode)
+                self.add_mode(mode, self.MODES[mode])
+        threading.Thread(target=old.close, name="close the old pool", daemon=True).start()
 
     @work(thread=True, exclusive=True, group="health", name="start health checks", exit_on_error=False)
     def start_health(self) -> None:
@@ -98,6 +128,6 @@ def run_app(ctx: Context) -> int:
     # No terminal prompt for sudo while Textual owns the terminal: the Setup screen asks in a
     # modal and lends the pool that in-memory secret.
     ctx.pool.set_sudo_password(None)
-    app = SVConsoleApp(ctx.cluster, ctx.pool)
+    app = SVConsoleApp(ctx.cluster, ctx.pool, gpu_simulate=ctx.gpu_simulate)
     app.run()
     return app.return_code or 0

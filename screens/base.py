@@ -1,21 +1,55 @@
-"""What every svconsole screen has: the header, the footer and a help text."""
+"""What every svconsole screen has: the header, the screen tabs, the footer, a help text, and
+worker errors handed to the app's one error handler."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, cast
 
-from textual.screen import Screen
-from textual.widgets import Footer, Header
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Header, Static
+from textual.worker import Worker
+
+from screens.keys import SCREENS
 
 if TYPE_CHECKING:
     from screens.app import SVConsoleApp
 
 
-class ConsoleScreen(Screen):
+class WorkerErrorsToApp:
+    """``Worker.StateChanged`` does not bubble: a screen hands it to the app's one handler."""
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        self.app.on_worker_state_changed(event)  # type: ignore[attr-defined]
+
+
+class ConsoleModal(WorkerErrorsToApp, ModalScreen):
+    """Base of svconsole's dialogs whose workers may fail."""
+
+
+class ScreenTabs(Static):
+    """One line naming the five screens and their keys, the current one highlighted."""
+
+    DEFAULT_CSS = """
+    ScreenTabs { height: 1; background: $panel; color: $text-muted; }
+    """
+
+    def __init__(self, current: str) -> None:
+        parts = []
+        for mode, key, title in SCREENS:
+            if mode == current:
+                parts.append(f"[b reverse] {key} {title} [/]")
+            else:
+                parts.append(f" [b]{key}[/] {title} ")
+        super().__init__(" ".join(parts))
+
+
+class ConsoleScreen(WorkerErrorsToApp, Screen):
     """Base of the five top-level screens."""
 
     #: Shown by the help screen (``?``) above the key list: what this screen is for.
     HELP: ClassVar[str] = ""
+    #: Which of the five it is (set by the app when it builds the screen for a mode).
+    mode_name: str = ""
 
     @property
     def console(self) -> SVConsoleApp:
@@ -23,6 +57,7 @@ class ConsoleScreen(Screen):
 
     def compose_header(self):
         yield Header(show_clock=False, icon="≡")
+        yield ScreenTabs(self.mode_name)
 
     def compose_footer(self):
         yield Footer()

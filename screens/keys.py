@@ -14,7 +14,9 @@ SCREENS: tuple[tuple[str, str, str], ...] = (
 )
 
 GLOBAL_BINDINGS: list[Binding] = [
-    *(Binding(key, f"switch_mode('{mode}')", title, id=f"screen.{mode}") for mode, key, title in SCREENS),
+    # The screen tabs under the header show 1-5; the footer keeps its room for the screen's keys.
+    *(Binding(key, f"switch_mode('{mode}')", title, id=f"screen.{mode}", show=False)
+      for mode, key, title in SCREENS),
     Binding("question_mark", "help", "Help", key_display="?", id="app.help"),
     Binding("q", "quit", "Quit", id="app.quit"),
 ]

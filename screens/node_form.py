@@ -21,9 +21,9 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
-from textual.worker import Worker
 
 from console.cluster import ClusterConfigError, ClusterEditor, ConfigIssue
+from screens.base import ConsoleModal
 
 if TYPE_CHECKING:
     from console.cluster import Cluster
@@ -128,7 +128,7 @@ def issues_by_field(issues: list[ConfigIssue], index: int) -> dict[str, list[str
     return out
 
 
-class NodeForm(ModalScreen["Cluster | None"]):
+class NodeForm(ConsoleModal):
     """Add or edit one node of cluster.yaml. Dismisses with the saved cluster, or None."""
 
     DEFAULT_CSS = """
@@ -231,10 +231,6 @@ class NodeForm(ModalScreen["Cluster | None"]):
         except ClusterConfigError as exc:  # the file on disk itself no longer loads
             outcome = EditOutcome(None, {"": [str(exc)]})
         self.post_message(self.Checked(outcome))
-
-    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        """Worker.StateChanged does not bubble: hand it to the app's one error handler."""
-        self.app.on_worker_state_changed(event)
 
     def on_node_form_checked(self, message: Checked) -> None:
         if message.outcome.cluster is not None:

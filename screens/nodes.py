@@ -28,7 +28,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container
 from textual.widgets import DataTable, Input, Static
-from textual.worker import Worker, get_current_worker
+from textual.worker import get_current_worker
 
 from console.atomic import atomic_write
 from console.cluster import ClusterEditor, export_hostfile, import_hostfile, read_text
@@ -464,10 +464,6 @@ class NodesScreen(ConsoleScreen):
         if event.input.id == "nodes-filter":
             self.query_one("#nodes-table").focus()
 
-    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        """Worker.StateChanged does not bubble: hand it to the app's one error handler."""
-        self.console.on_worker_state_changed(event)
-
     def on_screen_resume(self, event: events.ScreenResume) -> None:
         if self._probe_due:
             self._periodic()
@@ -674,7 +670,7 @@ class NodesScreen(ConsoleScreen):
 
     def on_cluster_changed(self, message: ClusterChanged) -> None:
         old = self.console.cluster
-        use_cluster(self.app, message.cluster)
+        self.console.reload_cluster(message.cluster)
         self._unsubscribe()
         self._unsubscribe = follow_node_states(self, self.console.pool)
         names = set(message.cluster.names())
@@ -703,32 +699,6 @@ def keep_torch_details(new: NodeFacts, old: NodeFacts | None) -> NodeFacts:
 
 def _address(node) -> tuple:
     return (node.host, node.port, node.user, node.identity_file, node.local)
-
-
-def use_cluster(app, cluster: Cluster) -> None:
-    """Make ``cluster`` the app's cluster, with a pool for it.
-
-    Uses ``app.reload_cluster(cluster)`` when the app has it; until then this swaps
-    ``app.cluster`` and ``app.pool`` itself, moves the header's subscription to the new pool and
-    closes the old pool in a thread.
-    """
-    reload = getattr(app, "reload_cluster", None)
-    if reload is not None:
-        reload(cluster)
-        return
-    import threading
-
-    from console.pool import Pool
-
-    old = app.pool
-    app.cluster, app.pool = cluster, Pool(cluster)
-    app.title = f"svconsole · {cluster.name}"
-    app._unsubscribe()
-    app._unsubscribe = follow_node_states(app, app.pool)
-    app._update_subtitle()
-    if app.health_interval:
-        app.start_health()
-    threading.Thread(target=old.close, name="close old pool", daemon=True).start()
 
 
 SCREEN = NodesScreen

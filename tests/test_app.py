@@ -86,7 +86,14 @@ def test_snapshot(snap_compare, key, size):
     cluster = offline_cluster()
     pool = Pool(cluster)
     try:
-        assert snap_compare(SVConsoleApp(cluster, pool, health_interval=None), press=[key],
+        async def show(pilot) -> None:
+            await pilot.press(key)
+            for _ in range(600):  # a screen that loads in the background says when it settled
+                await pilot.pause(0.1)
+                if getattr(pilot.app.screen, "settled", True):
+                    break
+
+        assert snap_compare(SVConsoleApp(cluster, pool, health_interval=None), run_before=show,
                             terminal_size=size)
     finally:
         pool.close()
