@@ -31,6 +31,7 @@ from console.logparse import Event, LogParser
 from console.metrics import MetricsStore
 from console.pool import Pool, Stream
 from console.runs import PREFIX, NodeRun, RunRecord, node_args, node_stream
+from console.subscribers import Subscribers
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +212,7 @@ class RunFollower:
         self._pending: list[tuple[str, Event]] = []
         self._dropped = 0
         self._revision = 0
-        self._subscribers: list[Callable[[RunUpdate], None]] = []
+        self._subscribers: Subscribers[RunUpdate] = Subscribers("run update")
         self._stop = threading.Event()
         self._wake = threading.Event()
         self.followers = {
@@ -225,15 +226,7 @@ class RunFollower:
     def subscribe(self, callback: Callable[[RunUpdate], None]) -> Callable[[], None]:
         """Call ``callback(RunUpdate)`` at most every ``interval`` seconds while something
         changes; returns the function that unsubscribes."""
-        with self._lock:
-            self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
-
-        return unsubscribe
+        return self._subscribers.subscribe(callback)
 
     def _take(self, node: str, events: list[Event]) -> None:
         for event in events:
@@ -282,16 +275,11 @@ class RunFollower:
             events, self._pending = self._pending, []
             dropped, self._dropped = self._dropped, 0
             self._revision += 1
-            subscribers = list(self._subscribers)
         update = RunUpdate(self.record.id, self._revision, events,
                            {n: f.state for n, f in self.followers.items()},
                            {n: f.position for n, f in self.followers.items()},
                            self.ended, dropped)
-        for callback in subscribers:
-            try:
-                callback(update)
-            except Exception:  # a subscriber's bug must not stop the follower
-                log.exception("run update subscriber %r failed", callback)
+        self._subscribers.publish(update)
         return update
 
     def _dispatch(self) -> None:

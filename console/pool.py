@@ -36,6 +36,7 @@ import paramiko
 
 from console.cluster import Cluster, Node
 from console.hostkeys import AcceptedKey, HostKeyUnknown, KnownHosts, changed_reason
+from console.subscribers import Subscribers
 
 log = logging.getLogger(__name__)
 # paramiko logs every failed handshake with a traceback; without this, Python's last-resort
@@ -503,7 +504,7 @@ class Pool:
         self.known_hosts = KnownHosts(ssh.known_hosts, ssh.host_key_policy)
         self._sudo_password = sudo_password
         self._lock = threading.Lock()  # guards the subscriber list and executors only
-        self._subscribers: list[Callable[[NodeStatus], None]] = []
+        self._subscribers: Subscribers[NodeStatus] = Subscribers("node status")
         self._executor: ThreadPoolExecutor | None = None
         self._health_thread: threading.Thread | None = None
         self._health_stop = threading.Event()
@@ -566,15 +567,7 @@ class Pool:
     def subscribe(self, callback: Callable[[NodeStatus], None]) -> Callable[[], None]:
         """Call ``callback(NodeStatus)`` (on a pool thread) on every status change; returns the
         function that unsubscribes."""
-        with self._lock:
-            self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
-
-        return unsubscribe
+        return self._subscribers.subscribe(callback)
 
     def connection_count(self, node: str) -> int:
         """How many TCP connections the pool ever opened (tried) to ``node``."""
@@ -597,13 +590,7 @@ class Pool:
         else:
             new = NodeStatus(peer.node.name, state, reason, time.time(), rtt)
         peer.status = new
-        with self._lock:
-            subscribers = list(self._subscribers)
-        for callback in subscribers:
-            try:
-                callback(new)
-            except Exception:  # a subscriber's bug must not break the pool
-                log.exception("status subscriber %r failed", callback)
+        self._subscribers.publish(new)
 
     # ----------------------------------------------------------------- connecting
 

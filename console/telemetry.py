@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from console.remote import script_path
+from console.subscribers import Subscribers
 
 log = logging.getLogger(__name__)
 
@@ -403,7 +404,7 @@ class Collector:
         self.host_history = Ring(self.capacity, HOST_SERIES)
         self.gpu_history: dict[int, Ring] = {}
         self.agent_starts = 0
-        self._subscribers: list[Subscriber] = []
+        self._subscribers: Subscribers[TelemetryUpdate] = Subscribers("telemetry")
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._stream: Any = None
@@ -413,23 +414,10 @@ class Collector:
 
     # -- subscribers
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
-        with self._lock:
-            self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
-        return unsubscribe
+        return self._subscribers.subscribe(callback)
 
     def _publish(self, update: TelemetryUpdate) -> None:
-        with self._lock:
-            subscribers = list(self._subscribers)
-        for cb in subscribers:
-            try:
-                cb(update)
-            except Exception:  # a broken subscriber must not end the collector
-                log.exception("telemetry subscriber failed on %s", update)
+        self._subscribers.publish(update)
 
     def _set_status(self, status: NodeStatus, reason: str = "") -> None:
         with self._lock:

@@ -35,6 +35,7 @@ from console.steps.model import (
     StepContext,
     StepState,
 )
+from console.subscribers import Subscribers
 
 if TYPE_CHECKING:
     from console.pool import Pool
@@ -258,7 +259,7 @@ class Runner:
             for node in step.nodes(cluster):
                 if node in self.nodes and (only is None or (step.id, node) in only):
                     self.cells[(step.id, node)] = Cell(step.id, node)
-        self._subscribers: list[Callable[[RunEvent], None]] = []
+        self._subscribers: Subscribers[RunEvent] = Subscribers("setup run")
         self._lock = threading.Lock()
         self._sudo: dict[str, str] = {}
         self._noise: dict[str, set[str]] = {}
@@ -269,21 +270,10 @@ class Runner:
 
     def subscribe(self, callback: Callable[[RunEvent], None]) -> Callable[[], None]:
         """Call ``callback(event)`` (on runner threads) for every state change and output line."""
-        with self._lock:
-            self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
-
-        return unsubscribe
+        return self._subscribers.subscribe(callback)
 
     def _publish(self, event: RunEvent) -> None:
-        with self._lock:
-            subscribers = list(self._subscribers)
-        for callback in subscribers:
-            callback(event)
+        self._subscribers.publish(event)
 
     def _set(self, cell: Cell, state: StepState, detail: str = "") -> None:
         cell.state, cell.detail = state, detail
