@@ -215,3 +215,77 @@ class ClusterChanged(Message):
         super().__init__()
         self.cluster = cluster
         self.what = what
+
+
+# ------------------------------------------------------------------------------------------------
+# The Training screen (launch, follow, stop, resume, export)
+
+if TYPE_CHECKING:
+    from console.follow import RunUpdate
+    from console.launch import Preparation
+    from console.runs import RunStatus, StopResult
+
+
+class RunProgress(Message):
+    """The followed run's logs gave new lines (or a node's follower changed state). The lines
+    are already in the run's metrics store; a newer update of the same run replaces a queued
+    older one, so a burst of lines costs the screen one redraw."""
+
+    def __init__(self, update: RunUpdate) -> None:
+        super().__init__()
+        self.update = update
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, RunProgress) and message.update.run_id == self.update.run_id
+
+
+class RunsFound(Message):
+    """The runs of this cluster with their state (newest first), as ``find_runs`` saw them."""
+
+    def __init__(self, statuses: Sequence[RunStatus]) -> None:
+        super().__init__()
+        self.statuses = list(statuses)
+
+
+class RunStatusChecked(_Latest):
+    """One run's state on every node, asked again (after its logs ended, or after a stop)."""
+
+    def __init__(self, status: RunStatus) -> None:
+        super().__init__()
+        self.status = status
+
+
+class LaunchPrepared(Message):
+    """The nodes were asked, the plan built and the pre-flight checks run (``prep``), or the
+    profile could not be read (``problem``, naming the file, line and key)."""
+
+    def __init__(self, prep: Preparation | None, problem: str | None = None) -> None:
+        super().__init__()
+        self.prep = prep
+        self.problem = problem
+
+
+class RunLaunched(Message):
+    """A run was started on every node (detached); its record. ``problem``: why it was not."""
+
+    def __init__(self, record: RunRecord | None, problem: str | None = None) -> None:
+        super().__init__()
+        self.record = record
+        self.problem = problem
+
+
+class RunStopped(Message):
+    """Stopping a run ended: per node what got SIGTERM, what needed SIGKILL, what is left."""
+
+    def __init__(self, run_id: str, results: dict[str, StopResult]) -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.results = dict(results)
+
+
+class MetricsExported(Message):
+    """The charts (PNG) and the metrics history (CSV) were written to ``paths``."""
+
+    def __init__(self, paths: Sequence[Path]) -> None:
+        super().__init__()
+        self.paths = tuple(paths)

@@ -1,0 +1,393 @@
+"""The Training screen's widgets: loss and learning-rate charts, the run's headline, the per-rank
+table, the event feed and the fault panel.
+
+Every widget is given a *copy* of what it shows (frozen dataclasses and tuples made from the
+metrics store under its lock), never the live store: a chart that redraws on a resize draws the
+same picture, and a follower thread adding lines meanwhile cannot change it under the renderer.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.app import RenderResult
+from textual.widgets import DataTable, Static
+from textual_plotext import PlotextPlot
+
+from console.faults import Finding, Severity
+from console.logparse import (
+    BestModel,
+    CheckpointSaved,
+    EarlyStop,
+    Eta,
+    Event,
+    ExceptionRaised,
+    HydraError,
+    NoImprovement,
+    Phase,
+    ValResult,
+    WorkerExit,
+)
+from console.metrics import FeedItem, MetricsStore, Progress, RankStatus
+
+Points = tuple[tuple[float, float], ...]
+
+
+# ---------------------------------------------------------------------------- data copies
+
+
+@dataclass(frozen=True)
+class ChartData:
+    """What the two charts show, copied out of the store: the mean train loss over ranks, each
+    rank's train loss, the validation loss (x: total step) and each rank's learning rate."""
+
+    mean: Points = ()
+    per_rank: tuple[tuple[str, Points], ...] = ()
+    val: Points = ()
+    lr: tuple[tuple[str, Points], ...] = ()
+
+    @classmethod
+    def of(cls, store: MetricsStore) -> ChartData:
+        def pts(name: str) -> Points:
+            series = store.series(name)
+            return () if series is None else tuple((p[0], p[1]) for p in series.points())
+
+        names = store.series_names()
+        rank_names = sorted((n for n in names if n.startswith("loss/rank")), key=_rank_order)
+        lr_names = sorted((n for n in names if n.startswith("lr/rank")), key=_rank_order)
+        return cls(
+            mean=tuple((p[0], p[1]) for p in store.mean_loss()),
+            per_rank=tuple((n.split("/")[1], pts(n)) for n in rank_names),
+            val=pts("val_loss"),
+            lr=tuple((n.split("/")[1], pts(n)) for n in lr_names))
+
+
+def _rank_order(name: str) -> int:
+    digits = name.rsplit("rank", 1)[-1]
+    return int(digits) if digits.isdigit() else 0
+
+
+def _finite(points: Points) -> Points:
+    return tuple(p for p in points if math.isfinite(p[0]) and math.isfinite(p[1]))
+
+
+def robust_ylim(values: Sequence[float]) -> tuple[float, float] | None:
+    """A y range that a few wild values (FunASR's 1e+14 losses) do not flatten: when the largest
+    value is far above the rest, the top is cut at three times the 90th percentile. None: let
+    plotext choose."""
+    finite = sorted(v for v in values if math.isfinite(v))
+    if len(finite) < 5:
+        return None
+    p90 = finite[int(0.9 * (len(finite) - 1))]
+    spread = max(abs(statistics.median(finite)), abs(p90), 1e-12)
+    if finite[-1] <= 100 * spread:
+        return None
+    low = min(finite[0], 0.0) if finite[0] < 0 else finite[0]
+    return low, max(3 * p90, low + 1e-9)
+
+
+# ---------------------------------------------------------------------------- charts
+
+
+class _Chart(PlotextPlot):
+    """A plotext chart drawn from a :class:`ChartData` copy; ``renders`` counts its renders
+    (the redraw throttle is tested on it)."""
+
+    DEFAULT_CSS = """
+    _Chart { height: 1fr; min-height: 5; }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 (Textual's name)
+        super().__init__(id=id)
+        self.data = ChartData()
+        self.per_rank = False
+        self.renders = 0
+
+    def show(self, data: ChartData, *, per_rank: bool | None = None) -> None:
+        """Draw ``data`` (a copy) at the next refresh."""
+        self.data = data
+        if per_rank is not None:
+            self.per_rank = per_rank
+        self.refresh()
+
+    def render(self) -> RenderResult:
+        self.renders += 1
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        self.draw(plt)
+        return super().render()
+
+    def draw(self, plt) -> None:  # noqa: ANN001 (plotext's module-like object)
+        raise NotImplementedError
+
+
+class LossChart(_Chart):
+    """Train loss over total step: the mean over ranks (or each rank, toggled), and the
+    validation loss."""
+
+    def draw(self, plt) -> None:  # noqa: ANN001
+        d = self.data
+        shown: list[float] = []
+        lines = list(d.per_rank) if self.per_rank else [("mean", d.mean)]
+        for label, points in lines:
+            pts = _finite(points)
+            if pts:
+                plt.plot([p[0] for p in pts], [p[1] for p in pts], label=label, marker="braille")
+                shown += [p[1] for p in pts]
+        val = _finite(d.val)
+        if val:
+            plt.plot([p[0] for p in val], [p[1] for p in val], label="val", marker="dot")
+            shown += [p[1] for p in val]
+        ylim = robust_ylim(shown)
+        if ylim is not None:
+            plt.ylim(*ylim)
+        what = "per rank" if self.per_rank else "mean over ranks"
+        clipped = " (spikes cut)" if ylim is not None else ""
+        plt.title(f"train loss, {what}{clipped}" if shown else "train loss: no step line yet")
+        plt.xlabel("total step")
+
+
+class LrChart(_Chart):
+    """Learning rate over total step, per rank (the ranks agree; one line unless they do not)."""
+
+    def draw(self, plt) -> None:  # noqa: ANN001
+        lines = [(label, _finite(points)) for label, points in self.data.lr]
+        distinct = {pts for _, pts in lines}
+        if len(distinct) == 1:
+            lines = lines[:1]
+        for label, pts in lines:
+            if pts:
+                plt.plot([p[0] for p in pts], [p[1] for p in pts], label=label, marker="braille")
+        plt.title("learning rate" if any(p for _, p in lines) else "learning rate: none yet")
+        plt.xlabel("total step")
+
+
+# ---------------------------------------------------------------------------- headline
+
+
+def duration(seconds: float | None) -> str:
+    """``42s``, ``12m05s``, ``3h07m``, ``2d04h``; ``-`` when unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    s = int(round(max(seconds, 0.0)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def bar(done: float, total: float, width: int) -> str:
+    """A text progress bar of ``width`` cells."""
+    frac = 0.0 if total <= 0 else min(max(done / total, 0.0), 1.0)
+    full = int(round(frac * width))
+    return "█" * full + "░" * (width - full)
+
+
+def progress_text(p: Progress) -> Text:
+    """Epoch and step progress, the ETA from the measured step time, the step time and
+    throughput, the total step; most important first (a narrow terminal cuts the end)."""
+    out = Text()
+    if p.total_step is None:
+        out.append("no step line yet", style="dim")
+        return out
+    if p.epoch is not None and p.max_epoch:
+        out.append(f"epoch {p.epoch + 1}/{p.max_epoch} ", style="bold")
+    if p.step_in_epoch is not None and p.steps_per_epoch:
+        out.append(f"step {p.step_in_epoch}/{p.steps_per_epoch} ")
+        out.append(bar(p.step_in_epoch, p.steps_per_epoch, 8))
+    if p.finished:
+        out.append(" done", style="bold green")
+    elif p.eta_s is not None:
+        out.append(f" ETA {duration(p.eta_s)}", style="bold")
+    if p.step_time_s is not None and p.steps_per_s is not None:
+        out.append(f" · {p.step_time_s:.2f} s/step, {p.steps_per_s:.2f} steps/s")
+    out.append(f" · total step {p.total_step}")
+    if p.funasr_eta_hours is not None and not p.finished:
+        out.append(f" · FunASR ETA {p.funasr_eta_hours:.2f} h", style="dim")
+    return out
+
+
+# ---------------------------------------------------------------------------- rank table
+
+
+RANK_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("node", "node"), ("rank", "rank"), ("step", "last step"), ("loss", "loss"),
+    ("step_time", "s/step"), ("mem", "GPU mem GB"), ("since", "since"),
+)
+
+
+def _num(value: float | None, fmt: str) -> str:
+    if value is None:
+        return "-"
+    if not math.isfinite(value):
+        return str(value)
+    return format(value, fmt)
+
+
+def rank_cells(r: RankStatus) -> tuple[str | Text, ...]:
+    """One row of the rank table: node, rank, last step, loss, step time, GPU memory (usage /
+    peak), seconds since its last line."""
+    mem = "-" if r.gpu_mem_gb is None else (
+        f"{r.gpu_mem_gb:.1f}" + (f"/{r.gpu_peak_gb:.1f}" if r.gpu_peak_gb is not None else ""))
+    loss = Text(_num(r.loss, ".4g"), style="bold red" if r.loss is not None
+                and not math.isfinite(r.loss) else "")
+    since = "-" if r.seconds_since is None else f"{r.seconds_since:.0f}s"
+    return (r.node or "?", str(r.rank), _num(r.last_step, "d") if r.last_step is not None else "-",
+            loss, _num(r.step_time_s, ".2f"), mem, since)
+
+
+class RankTable(DataTable):
+    """One row per rank, as the metrics store's rank table says."""
+
+    DEFAULT_CSS = """
+    RankTable { height: 1fr; }
+    """
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.zebra_stripes = True
+        for key, label in RANK_COLUMNS:
+            self.add_column(label, key=key)
+
+    def show(self, ranks: Sequence[RankStatus]) -> None:
+        """Replace the rows (ranks by number), keeping the cursor's row."""
+        row = self.cursor_row
+        self.clear()
+        for r in ranks:
+            self.add_row(*rank_cells(r), key=str(r.rank))
+        if ranks:
+            self.move_cursor(row=min(row, len(ranks) - 1))
+
+
+# ---------------------------------------------------------------------------- event feed
+
+
+def describe_event(event: Event) -> tuple[str, str]:
+    """A feed line for ``event``: (style, words)."""
+    if isinstance(event, ValResult):
+        if event.improved and event.value is not None:
+            before = event.best_before
+            return "cyan", f"validation loss {event.value:.4f}" + (
+                f" (best before {before:.4f})" if before is not None and math.isfinite(before)
+                else "")
+        return "yellow", (f"validation: no improvement for {event.epochs_no_improve}/"
+                          f"{event.patience} epochs")
+    if isinstance(event, BestModel):
+        value = f" {event.value:.4f}" if event.value is not None else ""
+        return "bold green", f"best model ({event.metric}{value}): {_short(event.path)}"
+    if isinstance(event, CheckpointSaved):
+        return "green", f"checkpoint saved: {_short(event.path)}"
+    if isinstance(event, NoImprovement):
+        return "yellow", f"no improvement in {event.metric}: {event.value} > {event.best}"
+    if isinstance(event, EarlyStop):
+        return "bold yellow", f"early stopping at epoch {event.epoch}"
+    if isinstance(event, Phase):
+        return "dim", f"{event.phase} epoch {event.epoch}"
+    if isinstance(event, HydraError):
+        return "bold red", "the job failed (Hydra: Error executing job)"
+    if isinstance(event, ExceptionRaised):
+        return "bold red", f"{event.exc_type}: {event.message}"
+    if isinstance(event, WorkerExit):
+        return "bold red", f"worker exit code {event.exitcode} (local rank {event.local_rank})"
+    return "", event.text
+
+
+def _short(path: str) -> str:
+    """A checkpoint's name in output_dir (the plan pane shows output_dir in full)."""
+    return path.rstrip("/").rsplit("/", 1)[-1] or path
+
+
+#: Feed events the screen leaves out: FunASR's ETA is on the progress line.
+QUIET = (Eta,)
+
+
+def feed_text(items: Sequence[FeedItem], limit: int = 200) -> Text:
+    """The newest ``limit`` feed items, oldest first: the line's own time, node, rank, words."""
+    out = Text()
+    items = [i for i in items if not isinstance(i.event, QUIET)]
+    if not items:
+        out.append("no event yet (validation, checkpoints, best model, early stopping)",
+                   style="dim")
+        return out
+    for item in list(items)[-limit:]:
+        e = item.event
+        style, words = describe_event(e)
+        when = _clock(e.time)
+        where = item.node or "?"
+        if e.rank is not None:
+            where += f"/r{e.rank}"
+        out.append(f"{when} {where:<10} ", style="dim")
+        out.append(words + "\n", style=style)
+    out.rstrip()
+    return out
+
+
+def _clock(t: float | None) -> str:
+    return "--:--:--" if t is None else time.strftime("%H:%M:%S", time.localtime(t))
+
+
+class EventFeed(Static):
+    """The run's notable events (validation, checkpoints, best model, early stopping, errors)."""
+
+    def show(self, items: Sequence[FeedItem]) -> None:
+        self.update(feed_text(items))
+
+
+# ---------------------------------------------------------------------------- faults
+
+
+SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow",
+                  Severity.INFO: "bold cyan"}
+
+
+def finding_text(f: Finding, *, evidence: int = 3, width: int = 200) -> Text:
+    """One finding: what, where (node/rank, line), why (detail), the evidence lines, the fix."""
+    out = Text()
+    out.append(f"{f.severity.value.upper()} ", style=SEVERITY_STYLE[f.severity])
+    out.append(f.fault.title, style="bold")
+    where = [f"node {f.node}" if f.node else "", f"rank {f.rank}" if f.rank is not None else "",
+             f"line {f.line_no}" if f.line_no is not None else "",
+             f"{f.count}x" if f.count > 1 else ""]
+    out.append(f"  ({', '.join(w for w in where if w)})\n" if any(where) else "\n", style="dim")
+    if f.detail:
+        out.append(f"  {f.detail}\n")
+    for line in f.evidence[:evidence]:
+        cut = line if len(line) <= width else line[:width - 1] + "…"
+        out.append(f"  │ {cut}\n", style="dim")
+    out.append("  fix: ", style="bold green")
+    out.append(f.fault.advice + "\n")
+    return out
+
+
+def faults_text(findings: Sequence[Finding]) -> Text:
+    if not findings:
+        return Text("no fault seen in the logs so far", style="dim")
+    out = Text()
+    for f in findings:
+        out.append_text(finding_text(f))
+        out.append("\n")
+    out.rstrip()
+    return out
+
+
+class FaultPanel(Static):
+    """Each finding with its evidence and its fix (errors first)."""
+
+    def show(self, findings: Sequence[Finding]) -> None:
+        self.update(faults_text(findings))
+
+
+__all__ = [
+    "ChartData", "EventFeed", "FaultPanel", "LossChart", "LrChart", "RANK_COLUMNS", "RankTable",
+    "bar", "describe_event", "duration", "faults_text", "feed_text", "finding_text",
+    "progress_text", "rank_cells", "robust_ylim",
+]
