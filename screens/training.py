@@ -481,6 +481,9 @@ class TrainingScreen(ConsoleScreen):
                   "plan": "#pane-plan"}.get(pane)
         if target is not None:
             self.query_one(target).focus()
+        if pane == "events":  # the newest events (a hidden pane could not follow them)
+            self.query_one("#pane-events").call_after_refresh(
+                self.query_one("#pane-events").scroll_end, animate=False)
         self._render_tabs()
 
     # -- following
@@ -568,7 +571,8 @@ class TrainingScreen(ConsoleScreen):
         ranks = store.ranks()
         self.query_one("#rank-table", RankTable).show(ranks)
         self.query_one("#fault-panel", FaultPanel).show(store.findings())
-        self.query_one("#train-progress", Static).update(progress_text(store.progress()))
+        self.query_one("#train-progress", Static).update(
+            progress_text(store.progress(), live=self.run_state in ("running", "")))
         if self.follower is not None and not self.ended:
             self._schedule(TICK_EVERY)  # seconds since the last line, stalls
 
@@ -795,6 +799,7 @@ class TrainingScreen(ConsoleScreen):
           exit_on_error=False)
     def export_metrics(self, run_id: str, store: MetricsStore) -> None:
         directory = self.state_dir / "exports"
+        directory.mkdir(parents=True, exist_ok=True)
         png = store.to_png(directory / f"{run_id}-charts.png", title=f"run {run_id}")
         csv = store.to_csv(directory / f"{run_id}-metrics.csv")
         self.post_message(MetricsExported((png, csv)))

@@ -60,8 +60,10 @@ class ChartData:
         names = store.series_names()
         rank_names = sorted((n for n in names if n.startswith("loss/rank")), key=_rank_order)
         lr_names = sorted((n for n in names if n.startswith("lr/rank")), key=_rank_order)
+        # In step order: while a reattached follower catches up, one node's lines can run far
+        # ahead of another's and the store settles some steps' means out of order.
         return cls(
-            mean=tuple((p[0], p[1]) for p in store.mean_loss()),
+            mean=tuple(sorted(((p[0], p[1]) for p in store.mean_loss()), key=lambda p: p[0])),
             per_rank=tuple((n.split("/")[1], pts(n)) for n in rank_names),
             val=pts("val_loss"),
             lr=tuple((n.split("/")[1], pts(n)) for n in lr_names))
@@ -192,9 +194,10 @@ def bar(done: float, total: float, width: int) -> str:
     return "█" * full + "░" * (width - full)
 
 
-def progress_text(p: Progress) -> Text:
-    """Epoch and step progress, the ETA from the measured step time, the step time and
-    throughput, the total step; most important first (a narrow terminal cuts the end)."""
+def progress_text(p: Progress, *, live: bool = True) -> Text:
+    """Epoch and step progress, the ETA from the measured step time (``live`` runs only), the
+    step time and throughput, the total step; most important first (a narrow terminal cuts the
+    end)."""
     out = Text()
     if p.total_step is None:
         out.append("no step line yet", style="dim")
@@ -206,12 +209,12 @@ def progress_text(p: Progress) -> Text:
         out.append(bar(p.step_in_epoch, p.steps_per_epoch, 8))
     if p.finished:
         out.append(" done", style="bold green")
-    elif p.eta_s is not None:
+    elif p.eta_s is not None and live:
         out.append(f" ETA {duration(p.eta_s)}", style="bold")
     if p.step_time_s is not None and p.steps_per_s is not None:
         out.append(f" · {p.step_time_s:.2f} s/step, {p.steps_per_s:.2f} steps/s")
     out.append(f" · total step {p.total_step}")
-    if p.funasr_eta_hours is not None and not p.finished:
+    if p.funasr_eta_hours is not None and not p.finished and live:
         out.append(f" · FunASR ETA {p.funasr_eta_hours:.2f} h", style="dim")
     return out
 

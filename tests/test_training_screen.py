@@ -11,6 +11,7 @@ fixed: nothing on screen depends on the wall clock, so snapshots are stable.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from textual.notifications import Notify
 
 import screens.app
 from console.cluster import Cluster, Node, load_cluster
@@ -29,7 +31,7 @@ from console.pool import Pool
 from console.profile import default_profile
 from console.runs import NodeRun, RunRecord, index_record
 from screens.app import SVConsoleApp
-from screens.messages import RunProgress
+from screens.messages import MetricsExported, RunProgress
 from screens.training import LaunchDialog, TrainingScreen, parse_env
 from screens.training_widgets import LossChart, RankTable, robust_ylim
 
@@ -216,6 +218,30 @@ async def test_a_thousand_lines_redraw_the_chart_a_bounded_number_of_times(fed_a
         assert renders <= 2 * (took / 0.5 + 2), (renders, took)
         assert chart.data.mean[-1][0] == 1000  # the last line is drawn
         assert 1 <= renders
+
+
+async def test_export_writes_png_and_csv_and_says_where(fed_app, tmp_path, monkeypatch):
+    monkeypatch.setenv("SVCONSOLE_STATE_DIR", str(tmp_path))
+    messages: list = []
+    async with fed_app.run_test(size=(80, 24), message_hook=messages.append) as pilot:
+        screen = await show(pilot)
+        feeder = fed_run(screen, {"node0": FP32})
+        feeder.lines("node0", log_lines(FP32))
+        await settle(pilot)
+        await pilot.press("x")
+        await wait_until(pilot, lambda: any(isinstance(m, MetricsExported) for m in messages),
+                         60, "the export")
+        done = next(m for m in messages if isinstance(m, MetricsExported))
+        png, csv_file = done.paths
+        assert png == tmp_path / "exports" / f"{RUN_ID}-charts.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        rows = list(csv.DictReader(csv_file.open()))
+        train = [e for e in parse_file(str(FP32)) if isinstance(e, TrainStep)]
+        assert [int(r["total_step"]) for r in rows if r["kind"] == "train"] == \
+            [e.total_step for e in train]
+        await pilot.pause()
+        said = [m.notification.message for m in messages if isinstance(m, Notify)]
+        assert any(str(png) in text and str(csv_file) in text for text in said), said
 
 
 def test_robust_ylim_cuts_a_1e14_spike_only():
