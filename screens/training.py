@@ -417,6 +417,7 @@ class TrainingScreen(ConsoleScreen):
         self.last_prep: Preparation | None = None
         self._unsubscribe: Callable[[], None] = lambda: None
         self._timer: Timer | None = None
+        self._due = 0.0                      # when the armed timer fires (monotonic)
         self._shown = False
         self._last_render = 0.0
         self._rendered_revision = -1
@@ -537,12 +538,20 @@ class TrainingScreen(ConsoleScreen):
     # -- rendering (throttled, from copies, only while shown)
 
     def _schedule(self, delay: float | None = None) -> None:
-        if not self._shown or self._timer is not None:
+        """Arm the one-shot render timer: ``RENDER_EVERY`` after the last render (new lines),
+        or ``delay`` seconds from now; an armed timer that fires sooner is kept."""
+        if not self._shown:
             return
+        now = time.monotonic()
         if delay is None:
-            delay = self._last_render + RENDER_EVERY - time.monotonic()
-        # (a zero-interval timer divides by zero in Textual's skip logic)
-        self._timer = self.set_timer(max(delay, 0.01), self._tick)
+            delay = self._last_render + RENDER_EVERY - now
+        delay = max(delay, 0.01)  # (a zero-interval timer divides by zero in Textual)
+        if self._timer is not None:
+            if self._due <= now + delay:
+                return
+            self._timer.stop()
+        self._due = now + delay
+        self._timer = self.set_timer(delay, self._tick)
 
     def _tick(self) -> None:
         self._timer = None
