@@ -255,6 +255,7 @@ class ConfirmDialog(ModalScreen[bool]):
         Binding("y", "answer(True)", "Yes", id="confirm.yes"),
         Binding("n,escape", "answer(False)", "No", id="confirm.no"),
     ]
+    AUTO_FOCUS = "#no"  # the safe answer; (a query in on_mount failed when a key closed it first)
 
     def __init__(self, question: str) -> None:
         super().__init__()
@@ -266,9 +267,6 @@ class ConfirmDialog(ModalScreen[bool]):
             with Horizontal(id="confirm-buttons"):
                 yield Button("Yes (y)", id="yes", variant="error", compact=True)
                 yield Button("No (n)", id="no", compact=True)
-
-    def on_mount(self) -> None:
-        self.query_one("#no", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "yes")

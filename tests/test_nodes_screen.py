@@ -301,6 +301,19 @@ async def test_add_then_remove_a_node_with_confirmation(app, tmp_path):
     assert "node9" not in path.read_text() and "# workers below" in path.read_text()
 
 
+async def test_confirm_dialog_answered_before_it_finished_opening(app):
+    """A key that closes the dialog at once (no pause) is an answer, not a crash."""
+    answers = []
+    async with app.run_test(size=(80, 24)) as pilot:
+        for yes in (False, True):
+            dialog = ConfirmDialog("Remove node1?")
+            app.push_screen(dialog, answers.append)
+            dialog.action_answer(yes)  # answered in the same tick it was pushed
+            await pilot.pause()
+        assert app.return_code is None  # no crash ended the app
+    assert answers == [False, True]
+
+
 async def test_removing_the_master_is_refused_with_the_loaders_message(app, tmp_path):
     path = tmp_path / "cluster.yaml"
     before = path.read_text()
