@@ -49,7 +49,14 @@ from console.faults import Finding
 from console.metrics import MetricsStore
 from console.pool import NodeState, Pool
 from console.probe import FactsCache, FactsCacheError, NodeFacts
-from console.telemetry import GPUReading, NodeStatus, Sample, Telemetry, agent_module
+from console.telemetry import (
+    GPUReading,
+    NodeStatus,
+    Sample,
+    Telemetry,
+    TelemetryUpdate,
+    agent_module,
+)
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +187,8 @@ class WatchedRun:
     store: MetricsStore
     follower: Any = None
     ended_at: float | None = None
+    nodes: frozenset[str] = frozenset()
+    """The nodes the run trains on: their GPU utilisation goes into its store."""
 
 
 class FaultCounts:
@@ -239,9 +248,14 @@ class RunWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def attach(self, run_id: str, store: MetricsStore, follower: Any = None) -> WatchedRun:
-        """Serve ``store``'s metrics as run ``run_id``."""
-        watched = WatchedRun(run_id, store, follower)
+    def attach(self, run_id: str, store: MetricsStore, follower: Any = None,
+               nodes: Iterable[str] = ()) -> WatchedRun:
+        """Serve ``store``'s metrics as run ``run_id`` (trained on ``nodes``, or the nodes of
+        the follower's run record)."""
+        record = getattr(follower, "record", None)
+        if record is not None and not nodes:
+            nodes = [n.node for n in record.nodes]
+        watched = WatchedRun(run_id, store, follower, nodes=frozenset(nodes))
         with self._lock:
             self._runs[run_id] = watched
         return watched
@@ -254,6 +268,19 @@ class RunWatcher:
             watched.follower.stop()
             watched.store.close()
         return watched
+
+    def gpu_sample(self, update: TelemetryUpdate) -> None:
+        """A telemetry update: the GPU utilisation of a node goes into the store of every run
+        that trains on it, where the seed's "below 50% through a run" fault is judged."""
+        sample = update.sample
+        if sample is None or not sample.gpus:
+            return
+        for watched in self.runs():
+            if update.node in watched.nodes and watched.ended_at is None:
+                for gpu in sample.gpus:
+                    if gpu.util_gpu is not None:
+                        watched.store.add_gpu_sample(update.node, gpu.index, sample.t,
+                                                     gpu.util_gpu)
 
     def runs(self) -> list[WatchedRun]:
         with self._lock:
@@ -505,6 +532,7 @@ class Exporter:
     def start(self) -> None:
         """Start the health probes, the GPU agents and the run watcher (returns at once)."""
         self.pool.start_health(self.health_interval)
+        self.telemetry.subscribe(self.runs.gpu_sample)
         self.telemetry.start()
         self.runs.start()
 

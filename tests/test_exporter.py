@@ -478,3 +478,26 @@ def test_run_watcher_finds_a_live_run_follows_its_log_and_drops_it_after_the_end
         if supervisor.poll() is None:
             supervisor.kill()
             supervisor.wait()
+
+
+def test_gpu_utilisation_of_a_runs_nodes_feeds_its_low_utilisation_fault(tmp_path):
+    """Telemetry of the nodes a run trains on goes into that run's store: 90 s at 12% is the
+    seed's "GPU utilisation below 50%" fault; another node's samples and an ended run are not."""
+    from console.exporter import RunWatcher
+    from console.telemetry import NodeStatus, parse_sample
+
+    watcher = RunWatcher(None, tmp_path, interval=0)  # no pool needed: nothing is polled
+    with MetricsStore() as training, MetricsStore() as ended, MetricsStore() as other:
+        watcher.attach("training", training, nodes=["node0"])
+        watcher.attach("ended", ended, nodes=["node0"]).ended_at = 1.0
+        watcher.attach("other", other, nodes=["node1"])
+        for i in range(46):  # every 2 s for 90 s
+            line = json.dumps({"t": 1000.0 + 2 * i, "seq": i, "source": "nvml",
+                               "gpus": [{"index": 0, "name": "NVIDIA H200", "util_gpu": 12},
+                                        {"index": 1, "name": "NVIDIA H200", "util_gpu": None}]})
+            watcher.gpu_sample(TelemetryUpdate("node0", NodeStatus.LIVE, parse_sample(line)))
+        found = [f for f in training.findings() if f.id == "low-gpu-util"]
+        assert len(found) == 1 and found[0].node == "node0", training.findings()
+        assert "mean 12% over 90 s" in found[0].detail
+        assert not [f for f in ended.findings() if f.id == "low-gpu-util"]
+        assert not [f for f in other.findings() if f.id == "low-gpu-util"]
