@@ -56,6 +56,7 @@ from console.telemetry import (
     Telemetry,
     TelemetryUpdate,
     agent_module,
+    feed_utilisation,
 )
 
 log = logging.getLogger(__name__)
@@ -272,15 +273,9 @@ class RunWatcher:
     def gpu_sample(self, update: TelemetryUpdate) -> None:
         """A telemetry update: the GPU utilisation of a node goes into the store of every run
         that trains on it, where the seed's "below 50% through a run" fault is judged."""
-        sample = update.sample
-        if sample is None or not sample.gpus:
-            return
         for watched in self.runs():
             if update.node in watched.nodes and watched.ended_at is None:
-                for gpu in sample.gpus:
-                    if gpu.util_gpu is not None:
-                        watched.store.add_gpu_sample(update.node, gpu.index, sample.t,
-                                                     gpu.util_gpu)
+                feed_utilisation(watched.store, update)
 
     def runs(self) -> list[WatchedRun]:
         with self._lock:

@@ -378,6 +378,17 @@ class TelemetryUpdate:
 Subscriber = Callable[[TelemetryUpdate], None]
 
 
+def feed_utilisation(store: Any, update: TelemetryUpdate) -> None:
+    """Put an update's GPU utilisation into a run's :class:`console.metrics.MetricsStore`, where
+    the seed's "GPU utilisation below 50% through a run" fault is judged."""
+    sample = update.sample
+    if sample is None:
+        return
+    for gpu in sample.gpus:
+        if gpu.util_gpu is not None:
+            store.add_gpu_sample(update.node, gpu.index, sample.t, gpu.util_gpu)
+
+
 class Collector:
     """Runs the agent on one node over the pool's streaming channel and keeps its history.
 
@@ -657,11 +668,18 @@ class Telemetry:
         for c in self.collectors.values():
             c.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: float | None = None) -> None:
+        """Cancel every collector (their streams close, so the agents exit on the nodes), then
+        wait for their threads: up to ``wait`` seconds in all (None: each collector's own
+        limit). A thread still connecting after that ends by itself."""
         for c in self.collectors.values():
             c.cancel()
+        deadline = None if wait is None else time.monotonic() + wait
         for c in self.collectors.values():
-            c.stop()
+            if deadline is None:
+                c.stop()
+            else:
+                c.stop(timeout=max(0.0, deadline - time.monotonic()))
 
     def latest(self) -> dict[str, Sample | None]:
         return {n: c.latest for n, c in self.collectors.items()}

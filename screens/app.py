@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from console.cli import Context
     from console.cluster import Cluster
     from console.pool import Pool
+    from console.telemetry import Telemetry
 
 
 def _build_screen(mode: str) -> Screen:
@@ -48,6 +49,7 @@ class SVConsoleApp(App[int]):
         self.health_interval = health_interval
         #: An nvml.json to replay on the GPUs screen instead of real GPUs (shown as SIMULATED).
         self.gpu_simulate = gpu_simulate
+        self._telemetry: Telemetry | None = None
         self.title = f"svconsole · {cluster.name}"
         self._unsubscribe = lambda: None
 
@@ -59,6 +61,31 @@ class SVConsoleApp(App[int]):
 
     def on_unmount(self) -> None:
         self._unsubscribe()
+        self.stop_gpu_telemetry()
+
+    def gpu_telemetry(self, interval: float = 1.0) -> Telemetry:
+        """The console's one GPU agent per node (started on first use, by the GPUs screen or a
+        followed training run); stopped when the app exits or the cluster changes."""
+        if self._telemetry is None:
+            from console.telemetry import Telemetry
+            from screens.gpus import simulation_fixture
+
+            try:
+                simulate = simulation_fixture(self)
+            except ValueError as exc:
+                self.notify(str(exc), severity="error", timeout=15)
+                simulate = None
+            self._telemetry = Telemetry(self.pool, self.cluster, interval=interval,
+                                        simulate=simulate)
+            self._telemetry.start()  # collector threads: returns at once
+        return self._telemetry
+
+    def stop_gpu_telemetry(self, wait: float = 1.0) -> None:
+        """Cancel every collector (their streams close, so the agents exit on the nodes), then
+        wait up to ``wait`` seconds in all for their threads."""
+        telemetry, self._telemetry = self._telemetry, None
+        if telemetry is not None:
+            telemetry.stop(wait=wait)
 
     def reload_cluster(self, cluster: Cluster) -> None:
         """Make ``cluster`` (just saved from the Nodes screen) the app's: a pool for it, the
@@ -67,6 +94,7 @@ class SVConsoleApp(App[int]):
         from console.pool import Pool
 
         old = self.pool
+        self.stop_gpu_telemetry()
         self.cluster, self.pool = cluster, Pool(cluster)
         self.title = f"svconsole · {cluster.name}"
         self._unsubscribe()

@@ -1,12 +1,13 @@
 """The GPUs screen: every GPU of the cluster, live, from one streaming agent per node.
 
-When first shown it starts :class:`console.telemetry.Telemetry` over the app's pool (one
-``gpu_agent.py`` per node, over one SSH channel each). The collectors call back on their threads;
+When first shown it follows the app's one :class:`console.telemetry.Telemetry` over its pool
+(``app.gpu_telemetry()``: one ``gpu_agent.py`` per node, over one SSH channel each, shared with
+the Training screen). The collectors call back on their threads;
 :func:`follow_telemetry` turns each update into a :class:`~screens.messages.GPUTelemetry` message
 (a node's newer sample replaces its queued older one), :class:`GPUBoard` keeps what the screen
 knows, and the widgets re-render from a copy of it at most twice a second, only while the screen is
-shown. The agents are stopped when the screen unmounts (the app exits): cancelling each stream
-closes its channel, and the agent exits when its stdin closes.
+shown. The app stops the agents when it exits: cancelling each stream closes its channel, and the
+agent exits when its stdin closes.
 
 Simulated data (for trying the screen without GPUs): set ``SVCONSOLE_GPU_SIMULATE`` to an
 ``nvml.json`` fixture (or give the app a ``gpu_simulate`` path attribute); every panel then says
@@ -57,7 +58,6 @@ SPARK_POINTS = 120
 #: The panels re-render at most this often (seconds).
 RENDER_EVERY = 0.5
 #: Seconds the screen waits for the collectors' threads when it stops them.
-STOP_WAIT = 1.0
 
 
 def follow_telemetry(target: MessagePump, telemetry: Telemetry) -> Callable[[], None]:
@@ -288,32 +288,11 @@ class GPUsScreen(ConsoleScreen):
             self._start()
 
     def _start(self) -> None:
-        try:
-            simulate = simulation_fixture(self.app)
-        except ValueError as e:
-            self.notify(str(e), severity="error", timeout=15)
-            simulate = None
-        self.telemetry = Telemetry(self.console.pool, self.console.cluster,
-                                   interval=self.interval, simulate=simulate)
+        self.telemetry = self.console.gpu_telemetry(self.interval)
         self._unsubscribe = follow_telemetry(self, self.telemetry)
-        self.telemetry.start()  # collector threads: returns at once
 
     def on_unmount(self) -> None:
-        self._unsubscribe()
-        self.stop_telemetry()
-
-    def stop_telemetry(self, wait: float = STOP_WAIT) -> None:
-        """Cancel every collector (their streams close, so the agents exit), then wait up to
-        ``wait`` seconds in all for their threads; a thread still connecting ends by itself."""
-        telemetry, self.telemetry = self.telemetry, None
-        if telemetry is None:
-            return
-        collectors = list(telemetry.collectors.values())
-        for c in collectors:
-            c.cancel()
-        deadline = time.monotonic() + wait
-        for c in collectors:
-            c.stop(timeout=max(0.0, deadline - time.monotonic()))
+        self._unsubscribe()  # the agents are the app's: they stop when it exits
 
     # -- updates
     @on(GPUTelemetry)

@@ -57,6 +57,7 @@ from console.launch import (
 from console.metrics import MetricsStore
 from console.profile import ProfileError, default_profile, load_profile, profile_path_for
 from console.runs import RunRecord, RunStatus, find_runs, run_status, stop_run
+from console.telemetry import TelemetryUpdate, feed_utilisation
 from screens.base import ConsoleModal, ConsoleScreen
 from screens.keys import SCREENS
 from screens.messages import (
@@ -505,7 +506,15 @@ class TrainingScreen(ConsoleScreen):
         follower = RunFollower(self.console.pool, record, store=store,
                                interval=self.follow_interval)
         self.follower = follower
-        self._unsubscribe = follow_run(self, follower)
+        unfollow = follow_run(self, follower)
+        nodes = {n.node for n in record.nodes}
+
+        def utilisation(update: TelemetryUpdate) -> None:  # the "below 50% through a run" fault
+            if update.node in nodes:
+                feed_utilisation(store, update)
+
+        unfeed = self.console.gpu_telemetry().subscribe(utilisation)
+        self._unsubscribe = lambda: (unfollow(), unfeed())
         follower.start()
 
     def _retire_follower(self, *, block: bool) -> None:
