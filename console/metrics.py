@@ -11,6 +11,16 @@ its points, so a one-step spike is still visible after a million steps. The whol
 to a CSV file on disk as it arrives (one row per step line); :meth:`MetricsStore.to_csv` copies
 it out.
 
+The mean train loss over ranks is kept per total step as a running sum of the ranks that
+reported that step, for the latest ``mean_window`` steps: a rank whose line comes late (a
+reattached follower reads one node's log far ahead of another's) still joins its step's mean, whose
+point is updated in place. Beyond that window the oldest steps are final and go to the bounded
+``loss/mean`` series, in step order; a rank reporting a step that is already final is left out of
+its mean. Validation results (``current_val: X``) are keyed by the validation they belong to, from
+the same node's log: its epoch (``Validate epoch: E`` or the val lines) and total step (the val
+lines', else the node's last train line), so a result read late is charted where it belongs and a
+result read twice is not charted twice.
+
 Derived figures: the mean train loss over ranks per step, the step time (FunASR's measured
 ``total_time``, else the time between successive lines), throughput, an ETA from the measured step
 time, per-rank status (last step, loss, step time, GPU memory, seconds since its last line),
@@ -23,6 +33,7 @@ The store is thread-safe: followers add from their threads while a screen reads.
 from __future__ import annotations
 
 import csv
+import heapq
 import io
 import json
 import math
@@ -32,7 +43,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -151,6 +162,13 @@ class Series:
         self.buckets = merged
         self.per_bucket *= 2
 
+    def copy(self) -> Series:
+        """An independent copy (to add points to without touching this one)."""
+        twin = Series(self.capacity)
+        twin.buckets = [replace(b) for b in self.buckets]
+        twin.per_bucket, twin.count, twin.last = self.per_bucket, self.count, self.last
+        return twin
+
     def points(self) -> list[tuple[float, float, float, float]]:
         """``(x, mean, min, max)`` per bucket; x is the bucket's last x."""
         return [(b.x_last, b.mean, b.low, b.high) for b in self.buckets]
@@ -222,6 +240,31 @@ HISTORY_COLUMNS = (
 _TIMING_KEYS = ("data_load", "forward_time", "backward_time", "optim_time", "total_time")
 
 
+@dataclass
+class _StepMean:
+    """The running sum of one step's losses over the ranks that reported it."""
+
+    total: float = 0.0
+    ranks: int = 0
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.ranks
+
+
+@dataclass
+class _ValContext:
+    """Where one node's log stands, for the validation result that follows in it: the epoch of
+    the validation under way (``None`` while training) and the total step of its last step line."""
+
+    epoch: int | None = None
+    step: int | None = None
+
+
+#: Validation results kept (one per validation: one per epoch); beyond, the earliest are dropped.
+MAX_VAL_POINTS = 10_000
+
+
 class _RankState:
     """What the store tracks for one rank."""
 
@@ -236,6 +279,8 @@ class _RankState:
         self.watch = faults.LossWatch()
         self.last_grad_line: DeepSpeedTimers | None = None
         self.ds_steps = 0
+        self.mean_step: int | None = None
+        """The last step this rank added to the mean over ranks."""
 
     def seen(self, received: float) -> None:
         if self.last_seen is not None:
@@ -247,13 +292,17 @@ class MetricsStore:
     """Metrics of one run. ``history_path``: the CSV the full history is appended to (a
     temporary file when ``None``). ``capacity``: buckets per chart series. ``stall_after_s``:
     silence after which a rank counts as stalled while others log (default: ten times the
-    rank's usual gap between lines, at least ``min_stall_s``)."""
+    rank's usual gap between lines, at least ``min_stall_s``). ``mean_window``: steps whose mean
+    over ranks stays open for ranks still to report them (see the module's documentation)."""
 
     def __init__(self, history_path: str | Path | None = None, *, capacity: int = 1000,
                  max_events: int = 500, clock: Callable[[], float] = time.time,
                  stall_after_s: float | None = None, min_stall_s: float = 60.0,
-                 gpu_samples: int = 7200) -> None:
+                 gpu_samples: int = 7200, mean_window: int = 4096) -> None:
+        if mean_window < 1:
+            raise ValueError(f"mean_window must be at least 1, got {mean_window}")
         self.capacity = capacity
+        self.mean_window = mean_window
         self.clock = clock
         self.stall_after_s = stall_after_s
         self.min_stall_s = min_stall_s
@@ -261,7 +310,13 @@ class MetricsStore:
         self._lock = threading.RLock()
         self._series: dict[str, Series] = {}
         self._ranks: dict[int, _RankState] = {}
-        self._pending: dict[int, dict[int, float]] = {}
+        self._open_means: dict[int, _StepMean] = {}
+        self._open_steps: list[int] = []
+        """The keys of ``_open_means`` as a heap: the oldest open step is settled first."""
+        self._final_step: int | None = None
+        """The newest step whose mean is final (in the ``loss/mean`` series)."""
+        self._val_context: dict[str | None, _ValContext] = {}
+        self._val_points: dict[tuple[str, int], tuple[int, float]] = {}
         self._max_step = 0
         self._feed: deque[FeedItem] = deque(maxlen=max_events)
         self._findings = FindingCollector()
@@ -292,7 +347,9 @@ class MetricsStore:
             elif isinstance(event, DeepSpeedTimers) and state is not None:
                 self._add_timers(event, state)
             elif isinstance(event, ValResult) and event.value is not None:
-                self._line("val_loss").add(self._max_step, event.value)
+                self._add_val_result(event.value, node)
+            elif isinstance(event, Phase) and event.phase == "validate":
+                self._val_at(node).epoch = event.epoch
             if isinstance(event, Eta):
                 self._last_eta = event
             if isinstance(event, EarlyStop):
@@ -331,6 +388,9 @@ class MetricsStore:
             return
         r, x = state.rank, ev.total_step
         state.node = node if node is not None else state.node
+        context = self._val_at(node)
+        context.step = x
+        context.epoch = ev.epoch if isinstance(ev, ValStep) else None
         if isinstance(ev, ValStep):
             if ev.loss is not None:
                 self._line(f"val_loss/rank{r}").add(x, ev.loss)
@@ -342,8 +402,7 @@ class MetricsStore:
             if value is not None:
                 self._line(f"{name}/rank{r}").add(x, value)
         if ev.loss is not None:
-            self._pending.setdefault(x, {})[r] = ev.loss
-            self._settle_means()
+            self._add_to_mean(x, ev.loss, state)
             reason = state.watch.observe(ev.loss)
             spike = faults.fault("loss-divergence")
             if reason is not None and spike not in matched:
@@ -370,19 +429,50 @@ class MetricsStore:
         if measured is not None and math.isfinite(measured) and measured > 0:
             state.step_times.append(measured)
 
-    def _settle_means(self, everything: bool = False) -> None:
-        """Move into ``loss/mean`` the steps every known rank has passed (no rank will report
-        them any more) once a later step has come, or the oldest ones when a rank lags far
-        behind. A rank whose first line comes after the others' next step misses the mean of
-        the steps already settled."""
-        lasts = [s.last.total_step for s in self._ranks.values()
-                 if s.last is not None and s.last.total_step is not None]
-        done = min(min(lasts, default=0), self._max_step - 1)
-        for step in sorted(self._pending):
-            if not (everything or step <= done or len(self._pending) > 32):
-                break
-            losses = self._pending.pop(step)
-            self._line("loss/mean").add(step, statistics.fmean(losses.values()))
+    def _add_to_mean(self, step: int, loss: float, state: _RankState) -> None:
+        """Add a rank's loss to its step's mean over ranks (in place: a late rank updates the
+        step's point), then settle the oldest steps beyond ``mean_window``. A step this rank has
+        already passed (its log read again) or a step already final is left out."""
+        if state.mean_step is not None and step <= state.mean_step:
+            return
+        state.mean_step = step
+        if self._final_step is not None and step <= self._final_step:
+            return
+        entry = self._open_means.get(step)
+        if entry is None:
+            entry = self._open_means[step] = _StepMean()
+            heapq.heappush(self._open_steps, step)
+            self._line("loss/mean")  # listed from the first step, filled as steps become final
+        entry.total += loss
+        entry.ranks += 1
+        self._settle_means(self.mean_window)
+
+    def _settle_means(self, keep: int) -> None:
+        """Make final the oldest open steps' means until ``keep`` steps are open."""
+        while len(self._open_means) > keep:
+            step = heapq.heappop(self._open_steps)
+            self._line("loss/mean").add(step, self._open_means.pop(step).mean)
+            self._final_step = step
+
+    def _val_at(self, node: str | None) -> _ValContext:
+        context = self._val_context.get(node)
+        if context is None:
+            context = self._val_context[node] = _ValContext()
+        return context
+
+    def _add_val_result(self, value: float, node: str | None) -> None:
+        """Chart a validation loss at the total step of ``node``'s log where it came (at the
+        latest step seen when that log had no step line yet), keyed by its validation epoch
+        (else that step): a result read again replaces its point."""
+        context = self._val_at(node)
+        x = context.step if context.step is not None else self._max_step
+        key = ("epoch", context.epoch) if context.epoch is not None else ("step", x)
+        self._val_points[key] = (x, value)
+        if len(self._val_points) > MAX_VAL_POINTS:
+            del self._val_points[min(self._val_points, key=lambda k: self._val_points[k][0])]
+        series = self._series["val_loss"] = Series(self.capacity)
+        for step, loss in sorted(self._val_points.values(), key=lambda p: p[0]):
+            series.add(step, loss)
 
     def _add_timers(self, ev: DeepSpeedTimers, state: _RankState) -> None:
         ms = ev.allreduce_ms
@@ -424,6 +514,7 @@ class MetricsStore:
         """A chart series by name: ``loss/mean``, ``loss/rank0``, ``lr/rank0``, ``val_loss``,
         ``val_loss/rank0``, ``stat/loss_ctc/rank0``, ``timing/total_time/rank0``,
         ``mem/peak_gb/rank0`` (x: total step), ``grad_sync_ms/rank0`` (x: DeepSpeed step).
+        ``loss/mean`` holds the final steps only (:meth:`mean_loss` adds the open ones).
         It is the live object: read it through :meth:`Series.points`, which copies."""
         with self._lock:
             return self._series.get(name)
@@ -433,14 +524,15 @@ class MetricsStore:
             return sorted(self._series)
 
     def mean_loss(self) -> list[tuple[float, float, float, float]]:
-        """The mean train loss over ranks per step, including steps not every rank has
-        reported yet: ``(x, mean, min, max)``."""
+        """The mean train loss over ranks per step, in step order, at most ``capacity``
+        points like any series: ``(x, mean, min, max)``. Open steps count with the ranks that
+        reported them so far."""
         with self._lock:
-            pts = list(self._series["loss/mean"].points()) if "loss/mean" in self._series else []
-            for step in sorted(self._pending):
-                m = statistics.fmean(self._pending[step].values())
-                pts.append((step, m, m, m))
-            return pts
+            final = self._series.get("loss/mean")
+            chart = final.copy() if final is not None else Series(self.capacity)
+            for step in sorted(self._open_means):
+                chart.add(step, self._open_means[step].mean)
+            return chart.points()
 
     def ranks(self, now: float | None = None) -> list[RankStatus]:
         """The per-rank table, by rank."""
@@ -633,7 +725,7 @@ class MetricsStore:
     def close(self) -> None:
         """Flush and close the history file (a temporary one is deleted)."""
         with self._lock:
-            self._settle_means(everything=True)
+            self._settle_means(0)
             if not self._history.closed:
                 self._history.close()
 

@@ -8,6 +8,7 @@ import io
 import json
 import math
 import statistics
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -133,14 +134,81 @@ def test_mean_over_interleaved_ranks() -> None:
         lines += [train_line(0, step, f"{step}.0"), train_line(1, step, f"-{step}.5")]
     store = MetricsStore()
     store.add_all(parse_lines(lines[:-1]))
-    # step 15 has only rank 0 so far: shown, not yet settled
+    # step 15 has only rank 0 so far: shown with the ranks seen
     assert store.mean_loss() == [(5, -0.25, -0.25, -0.25), (10, -0.25, -0.25, -0.25),
                                  (15, 15.0, 15.0, 15.0)]
-    store.add(parse_line(lines[-1]))
-    assert [p[1] for p in store.mean_loss()] == [-0.25, -0.25, -0.25]
-    assert len(store.series("loss/mean")) == 2  # type: ignore[arg-type]  # 15: no later step yet
+    store.add(parse_line(lines[-1]))  # rank 1's step 15: the same point, updated
+    assert store.mean_loss() == [(5, -0.25, -0.25, -0.25), (10, -0.25, -0.25, -0.25),
+                                 (15, -0.25, -0.25, -0.25)]
+    assert len(store.series("loss/mean")) == 0  # type: ignore[arg-type]  # all still open
     store.close()
-    assert [p[0] for p in store.mean_loss()] == [5, 10, 15]  # settled at the end
+    assert [p[0] for p in store.mean_loss()] == [5, 10, 15]
+    assert len(store.series("loss/mean")) == 3  # type: ignore[arg-type]  # final at the end
+
+
+def two_nodes_read_apart() -> tuple[list, list]:
+    """The real log as node0 (rank 0) and as node1 (rank 1, its train lines only)."""
+    events = list(parse_file(str(FP32)))
+    return events, [replace(e, rank=1) for e in events if isinstance(e, TrainStep)]
+
+
+def test_mean_and_validation_of_a_log_read_ahead_of_another() -> None:
+    node0, node1 = two_nodes_read_apart()
+    steps = [e for e in node0 if isinstance(e, TrainStep)]
+    vals = [e.value for e in node0 if isinstance(e, ValResult)]
+    store = MetricsStore()
+    store.add_all(node1, node="node1")  # a reattached follower read node1 to its end first
+    store.add_all(node0, node="node0")
+    mean = store.mean_loss()
+    assert [p[0] for p in mean] == [e.total_step for e in steps]  # each step once, in order
+    assert [p[1] for p in mean] == pytest.approx([e.loss for e in steps])
+    val = store.series("val_loss")
+    assert val is not None and [(p[0], p[1]) for p in val.points()] == [
+        (30, vals[0]), (60, vals[1]), (90, vals[2])]  # where each belongs, not at step 90
+    points = val.points()
+    store.add_all(node0, node="node0")  # the same lines again: nothing counted twice
+    assert store.mean_loss() == mean
+    assert store.series("val_loss").points() == points  # type: ignore[union-attr]
+    store.close()
+
+
+def test_mean_window_is_bounded_and_old_steps_are_final() -> None:
+    node0, node1 = two_nodes_read_apart()
+    steps = [e for e in node0 if isinstance(e, TrainStep)]
+    store = MetricsStore(mean_window=8)
+    store.add_all(node1, node="node1")
+    assert len(store._open_means) == 8  # noqa: SLF001 - the bound
+    store.add_all(node0, node="node0")
+    mean = store.mean_loss()
+    xs = [p[0] for p in mean]
+    assert xs == sorted(set(xs)) == [e.total_step for e in steps]  # no step charted twice
+    # rank 0 came after the first 82 steps were final: those are rank 1's alone (the same
+    # losses here), the last 8 were still open and count both ranks
+    assert [p[1] for p in mean] == pytest.approx([e.loss for e in steps])
+    final = store.series("loss/mean")
+    assert final is not None and final.count == len(steps) - 8
+    store.close()
+    assert final.count == len(steps) and store.mean_loss() == mean
+    with pytest.raises(ValueError, match="mean_window must be at least 1"):
+        MetricsStore(mean_window=0)
+
+
+def test_validation_point_from_the_val_line() -> None:
+    val_line = train_line(0, 30, "94.5", epoch=1).replace("] - train, ", "] - val, ")
+    stamp = TRAIN_LINE.split(" - ", 1)[0]
+    store = MetricsStore()
+    store.add_all(parse_lines([train_line(0, 30), val_line,
+                               f"{stamp} - current_val: 94.4, best_val_loss: inf",
+                               train_line(0, 60, epoch=1)]), node="node0")
+    store.add_all(parse_lines([train_line(1, 90, epoch=2)]), node="node1")  # read ahead
+    store.add(parse_line(f"{stamp} - current_val: 94.1, best_val_loss: 94.4"), node="node0")
+    store.add(parse_line(f"{stamp} - current_val: 94.0, best_val_loss: 94.1"), node="node0")
+    val = store.series("val_loss")
+    # epoch 1's result at the val line's step; the next two (no epoch known) keyed by node0's
+    # step: the second replaces the first
+    assert val is not None and [(p[0], p[1]) for p in val.points()] == [(30, 94.4), (60, 94.0)]
+    assert store.series("val_loss/rank0").points() == [(30, 94.5, 94.5, 94.5)]  # type: ignore[union-attr]
+    store.close()
 
 
 def test_hundred_thousand_steps_stay_bounded(tmp_path: Path) -> None:
@@ -159,13 +227,15 @@ def test_hundred_thousand_steps_stay_bounded(tmp_path: Path) -> None:
         series = store.series(name)
         assert series is not None and len(series) <= 200, name
     assert len(store.feed()) == 50
-    assert len(store._pending) <= 33  # noqa: SLF001 - the one unbounded-looking structure
+    assert len(store._open_means) <= store.mean_window  # noqa: SLF001 - open means: bounded
+    assert len(store.mean_loss()) <= 200
     loss1 = store.series("loss/rank1")
     assert loss1 is not None and loss1.count == n // 2
     assert max(p[3] for p in loss1.points()) == 1.139e14  # the spike survives downsampling
     [spike] = [f for f in store.findings() if f.id == "loss-divergence"]
     assert spike.rank == 1 and spike.line_no == 77_778 and "1.139e+14" in spike.detail
     store.close()
+    assert store.series("loss/mean").count == n // 2  # type: ignore[union-attr]  # each step once
     with (tmp_path / "h.csv").open() as f:
         assert sum(1 for _ in f) == n + 1  # the full history, on disk
 
