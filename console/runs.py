@@ -10,6 +10,9 @@ and the byte offset where this run's output starts in it. The record is written 
 :func:`find_runs` lists runs with their live state: those in the local index, plus any run that is
 alive on the nodes but unknown here (launched from another machine, found through the
 ``SVCONSOLE_RUN_ID`` in its processes' environment, its record read from the shared storage).
+Only runs of this cluster count (:func:`foreign_reason`): another cluster.yaml whose nodes share
+these hosts (two loopback clusters on one machine, two clusters on one NFS) starts runs that the
+node scan sees too; they are never indexed, asked or stopped from here.
 :func:`stop_run` sends SIGTERM to every node's process group and to every process of the run,
 SIGKILL after a grace period, and checks that nothing of the run is left.
 
@@ -166,6 +169,36 @@ class RunNotFound(LookupError):
     """No run with that id (or prefix) is known."""
 
 
+class ForeignRun(RunNotFound):
+    """The record is a run of another cluster (see :func:`foreign_reason`): it is neither asked
+    nor stopped from here."""
+
+
+def foreign_reason(record: RunRecord, cluster: Cluster) -> str | None:
+    """Why ``record`` is not a run of ``cluster`` (``None`` when it is): another cluster name, a
+    node this cluster does not have, or a node the plan put on another host than this cluster's
+    node of that name (the hosts are checked where the record's plan lists them)."""
+    if record.cluster != cluster.name:
+        return f"it belongs to cluster {record.cluster!r}, not {cluster.name!r}"
+    hosts = {n.name: n.host for n in cluster.nodes}
+    missing = [n.node for n in record.nodes if n.node not in hosts]
+    if missing:
+        return f"cluster {cluster.name!r} has no node {', '.join(map(repr, missing))}"
+    for planned in record.plan.get("nodes", []):
+        name, host = planned.get("node"), planned.get("host")
+        if host is not None and hosts.get(name) != host:
+            return (f"it ran node {name!r} on {host}, cluster {cluster.name!r} has "
+                    f"{name!r} on {hosts.get(name)}")
+    return None
+
+
+def check_own(record: RunRecord, cluster: Cluster) -> None:
+    """Raise :class:`ForeignRun` when ``record`` is not a run of ``cluster``."""
+    why = foreign_reason(record, cluster)
+    if why is not None:
+        raise ForeignRun(f"run {record.id} is not a run of this cluster: {why}")
+
+
 def index_dir(state_dir: Path) -> Path:
     return Path(state_dir) / "runs"
 
@@ -195,10 +228,13 @@ def load_index(state_dir: Path) -> list[RunRecord]:
     return records
 
 
-def find_record(state_dir: Path, run: str) -> RunRecord:
+def find_record(state_dir: Path, run: str, cluster: Cluster | None = None) -> RunRecord:
     """The indexed run whose id is ``run`` or starts with it (unique prefix);
-    ``latest`` names the newest. Raises :class:`RunNotFound` with the known ids."""
+    ``latest`` names the newest. With ``cluster``, only that cluster's runs count.
+    Raises :class:`RunNotFound` with the known ids."""
     records = load_index(state_dir)
+    if cluster is not None:
+        records = [r for r in records if foreign_reason(r, cluster) is None]
     if run == "latest" and records:
         return records[0]
     matches = [r for r in records if r.id == run] or [r for r in records if r.id.startswith(run)]
@@ -211,13 +247,13 @@ def find_record(state_dir: Path, run: str) -> RunRecord:
 
 
 def resolve_run(pool: Pool, state_dir: Path, run: str) -> RunRecord:
-    """Like :func:`find_record`; a run not in the local index is looked for on the nodes
-    (:func:`find_runs`) before giving up."""
+    """Like :func:`find_record` among the runs of the pool's cluster; a run not in the local
+    index is looked for on the nodes (:func:`find_runs`) before giving up."""
     try:
-        return find_record(state_dir, run)
+        return find_record(state_dir, run, pool.cluster)
     except RunNotFound:
         find_runs(pool, state_dir, live_only=True)
-        return find_record(state_dir, run)
+        return find_record(state_dir, run, pool.cluster)
 
 
 # ---------------------------------------------------------------- state
@@ -282,7 +318,9 @@ def node_args(record: RunRecord, node: NodeRun) -> dict[str, Any]:
 
 
 def run_status(pool: Pool, record: RunRecord) -> RunStatus:
-    """Ask every node of the run (in parallel) how it stands."""
+    """Ask every node of the run (in parallel) how it stands. Raises :class:`ForeignRun` for
+    a run of another cluster."""
+    check_own(record, pool.cluster)
     replies = node_calls(pool, "status", {n.node: node_args(record, n) for n in record.nodes},
                          timeout=30)
     nodes = {}
@@ -317,21 +355,25 @@ def find_runs(pool: Pool, state_dir: Path, *, limit: int = 20,
               live_only: bool = False) -> list[RunStatus]:
     """Runs of this cluster with their state, newest first: the ``limit`` newest of the local
     index, plus runs alive on the nodes that the index does not know (their record is read from
-    output_dir and added to the index: this console reattaches to them)."""
+    output_dir and added to the index: this console reattaches to them). Runs of another cluster
+    (:func:`foreign_reason`) are left out, wherever they were found."""
     cluster = pool.cluster
-    names = set(cluster.names())
-    records = [r for r in load_index(state_dir)
-               if r.cluster == cluster.name and {n.node for n in r.nodes} <= names][:limit]
+    records = [r for r in load_index(state_dir) if foreign_reason(r, cluster) is None][:limit]
     known = {r.id for r in records}
+    foreign: set[str] = set()
     for node, runs in scan_nodes(pool, cluster.names()).items():
         for entry in runs:
-            if entry["run_id"] in known or not entry.get("record"):
+            if entry["run_id"] in known | foreign or not entry.get("record"):
                 continue
             record = _read_remote_record(pool, node, entry["record"])
-            if record is not None and record.id == entry["run_id"]:
-                index_record(record, state_dir)
-                records.append(record)
-                known.add(record.id)
+            if record is None or record.id != entry["run_id"]:
+                continue
+            if foreign_reason(record, cluster) is not None:
+                foreign.add(record.id)
+                continue
+            index_record(record, state_dir)
+            records.append(record)
+            known.add(record.id)
     records.sort(key=lambda r: r.id, reverse=True)
     statuses = [run_status(pool, r) for r in records]
     return [s for s in statuses if s.live] if live_only else statuses
@@ -358,7 +400,9 @@ class StopResult:
 
 def stop_run(pool: Pool, record: RunRecord, *, grace: float = 20.0) -> dict[str, StopResult]:
     """SIGTERM every node's process group and every process of the run, SIGKILL what is left
-    after ``grace`` seconds, and check that every rank is gone on every node (in parallel)."""
+    after ``grace`` seconds, and check that every rank is gone on every node (in parallel).
+    Raises :class:`ForeignRun` (nothing signalled) for a run of another cluster."""
+    check_own(record, pool.cluster)
     per_node = {n.node: {**node_args(record, n), "grace": grace} for n in record.nodes}
     replies = node_calls(pool, "stop", per_node, timeout=grace + 60)
     out = {}
@@ -371,8 +415,9 @@ def stop_run(pool: Pool, record: RunRecord, *, grace: float = 20.0) -> dict[str,
 
 
 __all__ = [
-    "NodeCallError", "NodeRun", "NodeState", "RECORD_NAME", "RunNotFound", "RunRecord",
-    "RunState", "RunStatus", "StopResult", "find_record", "find_runs", "load_index",
+    "ForeignRun", "NodeCallError", "NodeRun", "NodeState", "RECORD_NAME", "RunNotFound",
+    "RunRecord", "RunState", "RunStatus", "StopResult", "check_own", "find_record", "find_runs",
+    "foreign_reason", "load_index",
     "new_run_id", "node_call", "resolve_run", "node_calls", "node_command", "node_stream", "run_status",
     "save_record", "scan_nodes", "stop_run",
 ]

@@ -155,6 +155,54 @@ def test_a_console_elsewhere_finds_the_live_run_through_the_nodes(cluster2, pool
         runs.stop_run(pool, record, grace=5)
 
 
+def test_a_cluster_sharing_the_hosts_never_sees_or_stops_the_others_run(fresh_loopback, pools,
+                                                                          tmp_path):
+    """Two cluster.yaml files on the same hosts (both named loopback, B has a node2 that A
+    lacks): A's consoles neither list, index, ask nor stop B's run, even with B's record in
+    the same state directory."""
+    lb_a, lb_b = fresh_loopback(2), fresh_loopback(3)
+    cluster_a, cluster_b = load_cluster(lb_a.cluster_yaml), load_cluster(lb_b.cluster_yaml)
+    assert cluster_a.name == cluster_b.name and \
+        [n.host for n in cluster_a.nodes] == [n.host for n in cluster_b.nodes][:2]
+    pool_a, pool_b = Pool(cluster_a), Pool(cluster_b)
+    pools += [pool_a, pool_b]
+    state = tmp_path / "state"  # one user's state directory, for both clusters
+    theirs = launch(pool_b, dummy_plan(lb_b, cluster_b, lb_b.shared_dir / "out", steps=600),
+                    state)
+    ours = launch(pool_a, dummy_plan(lb_a, cluster_a, lb_a.shared_dir / "out", steps=600),
+                  tmp_path / "a")
+    try:
+        deadline = time.monotonic() + 20
+        while len(set(tagged(theirs.id).values())) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        before = tagged(theirs.id)
+        assert sorted(set(before.values())) == ["node0", "node1", "node2"]
+
+        elsewhere = tmp_path / "elsewhere"  # empty index: only the nodes know
+        assert [s.record.id for s in runs.find_runs(pool_a, elsewhere)] == [ours.id]
+        assert not (elsewhere / "runs" / f"{theirs.id}.json").exists()  # never indexed
+        assert [s.record.id for s in runs.find_runs(pool_a, state)] == [ours.id]
+        with pytest.raises(runs.RunNotFound, match="no run"):
+            runs.resolve_run(pool_a, state, theirs.id)
+        with pytest.raises(runs.ForeignRun, match="has no node 'node2'"):
+            runs.stop_run(pool_a, theirs, grace=1)
+        with pytest.raises(runs.ForeignRun, match="has no node 'node2'"):
+            runs.run_status(pool_a, theirs)
+        moved = runs.RunRecord.from_dict(ours.to_dict())
+        moved.plan["nodes"][1]["host"] = "10.0.0.9"
+        assert runs.foreign_reason(moved, cluster_a) == (
+            "it ran node 'node1' on 10.0.0.9, cluster 'loopback' has 'node1' on 127.0.1.2")
+
+        result = runs.stop_run(pool_a, ours, grace=1)
+        assert all(r.ok for r in result.values()) and not tagged(ours.id), result
+        assert set(before) <= set(tagged(theirs.id))  # B's run: every process untouched
+        assert runs.run_status(pool_b, theirs).state == "running"
+    finally:
+        runs.stop_run(pool_a, ours, grace=1)
+        runs.stop_run(pool_b, theirs, grace=1)
+    assert not tagged(theirs.id) and not tagged(ours.id)
+
+
 def test_exit_codes_are_recorded(cluster2, pools, tmp_path):
     lb, cluster = cluster2
     pool = Pool(cluster)
