@@ -31,6 +31,7 @@ async def take(cluster_yaml: Path, out: Path, size: tuple[int, int], settle: flo
     from console.pool import Pool
     from screens.app import SVConsoleApp
 
+    out.mkdir(parents=True, exist_ok=True)
     cluster = load_cluster(cluster_yaml)
     pool = Pool(cluster)
     saved = []
@@ -64,7 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=6.0,
                         help="seconds each screen gets to probe and draw (default 6)")
     args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
     if args.config is not None:
         saved = asyncio.run(take(args.config, args.out, args.size, args.settle))
     else:

@@ -19,12 +19,10 @@ Each drill's outcome and numbers are printed as one line (also without ``-s``).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import sys
 import time
@@ -39,6 +37,7 @@ from walk import (
     REPO,
     TORCH_EXTENSIONS,
     isolate_node_names,
+    needs_training_and_tmux,
     run_pids,
     screen_where,
     terminal_env,
@@ -56,15 +55,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 EPOCHS = 40
 """About a second an epoch for 24 clips over three ranks: training outlasts the drills."""
-
-
-def _needs_everything() -> None:
-    for module in ("torch", "deepspeed", "funasr", "kaldi_native_fbank", "sentencepiece"):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{module} is not installed")
-    for tool in ("tmux", "g++"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed")
 
 
 def _profile(tiny, out: Path) -> dict:
@@ -131,7 +121,7 @@ def _timed(predicate: Callable[[], object], timeout: float, what: str) -> float:
 
 def test_drills_during_one_run(fresh_loopback, tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:
-    _needs_everything()
+    needs_training_and_tmux()
     from svconsole_scripts import tiny_sensevoice
 
     report: list[str] = []

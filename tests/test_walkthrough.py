@@ -12,22 +12,24 @@ taken down.
 
 from __future__ import annotations
 
-import importlib.util
+import asyncio
 import re
 import shlex
-import shutil
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from svconsole_scripts import screenshots
 from tmux import Tmux
 from walk import (
     REPO,
     Shell,
     isolate_node_names,
+    needs_training_and_tmux,
     run_pids,
     screen_where,
+    svg_text,
     terminal_env,
     wait_until,
     walkthrough_blocks,
@@ -40,15 +42,6 @@ from console.loopback import LoopbackCluster, LoopbackError
 from console.pool import Pool
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-def _needs_everything() -> None:
-    for module in ("torch", "deepspeed", "funasr", "kaldi_native_fbank", "sentencepiece"):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{module} is not installed")
-    for tool in ("tmux", "g++"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed")
 
 
 def _grid_row(screen: str, step: str, nodes: int = 3) -> list[str]:
@@ -76,7 +69,7 @@ def _epoch_on_screen(screen: str) -> int:
 
 
 def test_walkthrough_as_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _needs_everything()
+    needs_training_and_tmux()
     demo = tmp_path / "demo"
     shell = Shell.for_user(DEMO=str(demo))
     blocks = {b.name: b for b in walkthrough_blocks()}
@@ -177,6 +170,16 @@ def test_walkthrough_as_written(tmp_path: Path, capsys: pytest.CaptureFixture[st
         screen_where(tui, lambda s: "Keys" not in s, 20, "the help closed")
         tui.send("q")
         tui.wait_for("[exited 0 ]", 20)
+
+        # the documentation's pictures, taken the documented way from this very state
+        shots = asyncio.run(screenshots.take(demo / "cluster.yaml", tmp_path / "shots",
+                                             (120, 36), settle=2.0))
+        seen = {p.stem: svg_text(p.read_text()) for p in shots}
+        for name, text in (("nodes", names[0]), ("setup", "nccl-env"),
+                           ("config", "train_micro_batch_size_per_gpu"),
+                           ("training", second.id), ("gpus", "no NVIDIA GPU"),
+                           ("help", "Keys")):
+            assert text in seen[name], (name, text)
 
         # 10. clean up
         run("down")

@@ -8,14 +8,19 @@ comment just above it, ``<!-- walk: NAME -->``; :func:`walkthrough_blocks` retur
 
 from __future__ import annotations
 
+import html
+import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 WALKTHROUGH = REPO / "docs" / "walkthrough.md"
@@ -24,6 +29,17 @@ TORCH_EXTENSIONS = Path.home() / ".cache" / "svconsole" / "torch_extensions"
 
 _BLOCK = re.compile(r"^<!-- walk: (?P<name>[\w-]+) -->\n```sh\n(?P<code>.*?)^```$",
                     re.MULTILINE | re.DOTALL)
+
+
+def needs_training_and_tmux() -> None:
+    """Skip unless the training stack (for the tiny SenseVoice), tmux and g++ (DeepSpeed's CPU
+    op build) are installed."""
+    for module in ("torch", "deepspeed", "funasr", "kaldi_native_fbank", "sentencepiece"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed")
+    for tool in ("tmux", "g++"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
 
 
 @dataclass(frozen=True)
@@ -130,6 +146,15 @@ def screen_where(tui, predicate: Callable[[str], object], timeout: float, what: 
     except AssertionError as exc:
         size = tui._tmux("display", "-p", "-t", tui.name, "#{window_width}x#{window_height}")
         raise AssertionError(f"{exc}; the screen ({size.strip()}):\n{seen[0]}") from None
+
+
+def svg_text(svg: str) -> str:
+    """The text of a Textual SVG screenshot, one line per terminal row (styles dropped)."""
+    rows: dict[float, list[str]] = {}
+    for match in re.finditer(r'<text[^>]*\by="([0-9.]+)"[^>]*>(.*?)</text>', svg, re.DOTALL):
+        rows.setdefault(float(match[1]), []).append(html.unescape(re.sub(r"<[^>]+>", "",
+                                                                         match[2])))
+    return "\n".join("".join(parts).replace("\xa0", " ") for _, parts in sorted(rows.items()))
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str,
