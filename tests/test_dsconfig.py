@@ -477,6 +477,25 @@ def test_cli_reads_the_profile_beside_cluster_yaml(tmp_path: Path) -> None:
            "shared directory /data/shared" in out
 
 
+def test_cli_checks_the_edited_ds_config_json_that_launch_ships(tmp_path: Path) -> None:
+    """ds_config.json beside cluster.yaml (the Config screen's file) wins over the profile's
+    path, as in svconsole launch."""
+    profile_ds = tmp_path / "ds.json"
+    profile_ds.write_text(_text(SEED))
+    (tmp_path / "training.yaml").write_text(
+        f"output_dir: /data/shared/out\ntrain_conf:\n  deepspeed_config: {profile_ds}\n")
+    args = ("--world-size", "8", "--nodes", "2", "--cc", "8.0", "--gpu-mem-gb", "80", "--json")
+    rc, out = _cli(tmp_path, *args)
+    assert rc == 0 and json.loads(out)["ok"], out
+    edited = json.loads(_text(SEED))
+    edited["zero_optimization"]["stage"] = 7
+    (tmp_path / "ds_config.json").write_text(json.dumps(edited, indent=2))
+    rc, out = _cli(tmp_path, *args)
+    report = json.loads(out)
+    assert rc == 1 and "zero_optimization.stage" in {f["field"] for f in report["findings"]
+                                                    if f["severity"] == "error"}
+
+
 def test_cli_bad_input_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _cli(tmp_path, str(tmp_path / "none.json"), "--world-size", "1")[0] == 2
     assert "none.json: No such file or directory" in capsys.readouterr().err

@@ -6,8 +6,10 @@
 Without ``--world-size`` the cluster comes from the inventory: every node of cluster.yaml is probed
 (GPUs, compute capability, memory, CPU cores, versions) and the data lists are looked for on
 each node. With it, the cluster is the one described by the options (no node is contacted).
-``DS_JSON`` defaults to the profile's ``train_conf.deepspeed_config``; the profile defaults to
-``training.yaml`` beside cluster.yaml, else the packaged default. Exit 1 when there are errors.
+``DS_JSON`` defaults to what ``svconsole launch`` ships: ``ds_config.json`` beside cluster.yaml
+(the Config screen's file) when it exists, else the profile's ``train_conf.deepspeed_config``; the
+profile defaults to ``training.yaml`` beside cluster.yaml, else the packaged default. Exit 1 when
+there are errors.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from console.profile import (
     ProfileError,
     TrainingProfile,
     default_profile,
+    ds_config_path_for,
     load_profile,
     profile_path_for,
 )
@@ -35,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "cluster", description=__doc__.split("\n\n", 2)[2],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ds_json", nargs="?", metavar="DS_JSON",
-                        help="DeepSpeed config (default: the profile's deepspeed_config)")
+                        help="DeepSpeed config (default: ds_config.json beside cluster.yaml, as "
+                             "the Config screen saves it and launch ships it; else the "
+                             "profile's deepspeed_config)")
     parser.add_argument("--profile", metavar="FILE",
                         help="training profile (default: training.yaml beside cluster.yaml)")
     parser.add_argument("--world-size", type=_positive, metavar="N",
@@ -78,7 +83,9 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
             profile = default_profile()
     except ProfileError as exc:
         return fail(str(exc))
-    ds_path = Path(args.ds_json or profile.train_conf.deepspeed_config)
+    edited = ds_config_path_for(cluster_file)
+    ds_path = Path(args.ds_json) if args.ds_json else (
+        edited if edited.exists() else Path(profile.train_conf.deepspeed_config))
     try:
         text = ds_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
