@@ -15,7 +15,10 @@ class Tmux:
                  cwd: str | None = None) -> None:
         self.name = f"svc-{uuid.uuid4().hex[:8]}"
         self.socket = f"/tmp/{self.name}.sock"
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+        # pytest's environment may carry COLUMNS/LINES of another terminal, and Textual trusts
+        # them over the real size: give the program the size of this one
+        env = {"COLUMNS": str(width), "LINES": str(height), **(env or {})}
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         shell = f"cd {shlex.quote(cwd)} && " if cwd else ""
         shell += f"env {exports} {command}; echo '[exited' $? ']'; sleep 600"
         self._tmux("new-session", "-d", "-s", self.name, "-x", str(width), "-y", str(height),
