@@ -90,6 +90,9 @@ if TYPE_CHECKING:
 RENDER_EVERY = 0.5
 #: While a run is followed, the rank table's "since" column is refreshed this often (seconds).
 TICK_EVERY = 1.0
+#: Seconds between looks for a run started elsewhere (``svconsole launch``, another console)
+#: while this screen is shown and follows no live run.
+RESCAN_EVERY = 15.0
 #: Seconds between SIGTERM and SIGKILL when stopping a run.
 STOP_GRACE = 20.0
 #: The panes, with the key that shows each one.
@@ -467,6 +470,18 @@ class TrainingScreen(ConsoleScreen):
     def on_screen_resume(self) -> None:
         self._shown = True
         self.render_now(force=True)
+        self._rescan()
+
+    @property
+    def following_live_run(self) -> bool:
+        return self.follower is not None and not self.ended
+
+    def _rescan(self) -> None:
+        """Look again for runs (one started from the CLI shows up by itself), unless a live run
+        is followed, a search is under way, or the screen is hidden."""
+        if (self.find_on_mount and self._shown and not self.finding
+                and not self.following_live_run):
+            self.action_find_runs()
 
     def on_screen_suspend(self) -> None:
         self._shown = False
@@ -672,6 +687,7 @@ class TrainingScreen(ConsoleScreen):
     @on(RunsFound)
     def take_runs(self, message: RunsFound) -> None:
         self.finding = False
+        self.set_timer(RESCAN_EVERY, self._rescan)  # one-shot, re-armed after each search
         statuses = message.statuses
         live = [s for s in statuses if s.live]
         if live and len(live) > 1:

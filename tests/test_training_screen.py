@@ -22,6 +22,7 @@ import yaml
 from textual.notifications import Notify
 
 import screens.app
+import screens.training as training_screen
 from console.cluster import Cluster, Node, load_cluster
 from console.follow import Position, RunUpdate
 from console.launch import LaunchOptions, NodeInfo, build_plan
@@ -395,6 +396,32 @@ async def test_mount_finds_the_run_and_follows_its_log_over_ssh(loopback, tmp_pa
             row = screen.query_one("#rank-table", RankTable).get_row("0")
             assert [str(c) for c in row[:4]] == ["node1", "0", str(train[-1].total_step),
                                                  f"{train[-1].loss:.4g}"]
+    finally:
+        pool.close()
+
+
+async def test_a_run_indexed_after_mount_is_found_without_a_key(loopback, tmp_path,
+                                                                 monkeypatch):
+    """A run started elsewhere (svconsole launch) while the screen shows no live run appears by
+    itself: the screen looks again every RESCAN_EVERY seconds."""
+    monkeypatch.setattr(training_screen, "RESCAN_EVERY", 0.5)
+    log = tmp_path / "node1.log"
+    log.write_bytes(FP32.read_bytes())
+    (tmp_path / "node1.exit").write_text(json.dumps({"code": 0}))
+    cluster = load_cluster(loopback.cluster_yaml)
+    record = a_record(cluster, {"node1": log}, run_id="20261130-001546-cafe")
+    record.nodes = [n for n in record.nodes if n.node == "node1"]
+    record.nodes[0].exit_file = str(tmp_path / "node1.exit")
+    state = tmp_path / "state"
+    app, pool = loopback_app(loopback.cluster_yaml, state)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            screen = await show(pilot)
+            await wait_until(pilot, lambda: not screen.finding, 60, "the first search")
+            assert screen.record is None
+            index_record(record, state)  # as `svconsole launch` in another terminal does
+            await wait_until(pilot, lambda: screen.record is not None, 30, "the run found")
+            assert screen.record.id == record.id
     finally:
         pool.close()
 
