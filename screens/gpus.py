@@ -29,7 +29,6 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.timer import Timer
 from textual.widgets import Static
 
 from console.telemetry import (
@@ -44,6 +43,7 @@ from console.telemetry import (
 from screens.base import ConsoleScreen
 from screens.gpu_widgets import GPUView, HeatGrid, NodePanel, NodeView, age_text, short_advice
 from screens.messages import GPUTelemetry, RunFollowed
+from screens.throttle import RedrawThrottle
 
 if TYPE_CHECKING:
     from textual.message_pump import MessagePump
@@ -264,11 +264,8 @@ class GPUsScreen(ConsoleScreen):
         self.telemetry: Telemetry | None = None
         self.detail: bool | None = None      # None: chosen from the terminal size
         self._unsubscribe: Callable[[], None] = lambda: None
-        self._timer: Timer | None = None
-        self._due = 0.0                      # when the armed timer fires (monotonic)
+        self.redraws = RedrawThrottle(self, self.render_now, RENDER_EVERY)
         self._overview_height = 0
-        self._shown = False
-        self._last_render = 0.0
         self._versions: dict[str, int] = {}
         self.panels: dict[str, NodePanel] = {}
 
@@ -298,46 +295,24 @@ class GPUsScreen(ConsoleScreen):
     @on(GPUTelemetry)
     def take_update(self, message: GPUTelemetry) -> None:
         self.board.apply(message.update)
-        self._schedule()
+        self.redraws.schedule()
 
     @on(RunFollowed)
     def take_run(self, message: RunFollowed) -> None:
         record = message.record
         self.board.follow(None if record is None else RunView.of(record, message.ranks))
-        self._schedule()
+        self.redraws.schedule()
 
     def on_screen_resume(self) -> None:
-        self._shown = True
+        self.redraws.show()
         self.render_now()
 
     def on_screen_suspend(self) -> None:
-        self._shown = False
-        if self._timer is not None:
-            self._timer.stop()
-            self._timer = None
+        self.redraws.hide()
 
     def on_resize(self) -> None:
         if self.detail is None:
             self.render_now(force=True)
-
-    def _schedule(self, delay: float | None = None) -> None:
-        """Arm the one-shot render timer (news: as soon as RENDER_EVERY allows; a ticking age:
-        ``delay``), unless hidden or already armed to fire sooner."""
-        if not self._shown:
-            return
-        now = time.monotonic()
-        if delay is None:
-            delay = max(0.05, self._last_render + RENDER_EVERY - now)
-        if self._timer is not None:
-            if self._due <= now + delay:
-                return
-            self._timer.stop()
-        self._due = now + delay
-        self._timer = self.set_timer(delay, self._tick)
-
-    def _tick(self) -> None:
-        self._timer = None
-        self.render_now()
 
     def _detail(self) -> bool:
         if self.detail is not None:
@@ -348,7 +323,7 @@ class GPUsScreen(ConsoleScreen):
     def render_now(self, *, force: bool = False) -> None:
         """Re-render the overview, the grid and the panels whose node changed (all when
         ``force``); re-armed every second while a node's age is ticking (stale, down)."""
-        self._last_render = time.monotonic()
+        self.redraws.drawn()
         views = self.board.views(self.clock())
         text = overview_text(self.board.overview(), self.board.run, views)
         height, self._overview_height = self._overview_height, len(text.plain.splitlines())
@@ -369,7 +344,7 @@ class GPUsScreen(ConsoleScreen):
             else:
                 panel.show(v, detail=detail)
         if any(v.has_sample and v.status != NodeStatus.LIVE for v in views):
-            self._schedule(1.0)
+            self.redraws.schedule(1.0)
 
     # -- actions
     def _move(self, step: int) -> None:

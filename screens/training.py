@@ -37,7 +37,6 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.timer import Timer
 from textual.widgets import Input, Label, Select, Static
 from textual.worker import Worker, WorkerState
 
@@ -71,6 +70,7 @@ from screens.messages import (
     RunStopped,
 )
 from screens.node_form import ConfirmDialog
+from screens.throttle import RedrawThrottle
 from screens.training_widgets import (
     ChartData,
     EventFeed,
@@ -420,10 +420,7 @@ class TrainingScreen(ConsoleScreen):
         self.note = ""
         self.last_prep: Preparation | None = None
         self._unsubscribe: Callable[[], None] = lambda: None
-        self._timer: Timer | None = None
-        self._due = 0.0                      # when the armed timer fires (monotonic)
-        self._shown = False
-        self._last_render = 0.0
+        self.redraws = RedrawThrottle(self, self.render_now, RENDER_EVERY)
         self._rendered_revision = -1
 
     # -- layout
@@ -468,7 +465,7 @@ class TrainingScreen(ConsoleScreen):
         self.set_class(width >= WIDE[0] and height >= WIDE[1], "-wide")
 
     def on_screen_resume(self) -> None:
-        self._shown = True
+        self.redraws.show()
         self.render_now(force=True)
         self._rescan()
 
@@ -479,15 +476,12 @@ class TrainingScreen(ConsoleScreen):
     def _rescan(self) -> None:
         """Look again for runs (one started from the CLI shows up by itself), unless a live run
         is followed, a search is under way, or the screen is hidden."""
-        if (self.find_on_mount and self._shown and not self.finding
+        if (self.find_on_mount and self.redraws.shown and not self.finding
                 and not self.following_live_run):
             self.action_find_runs()
 
     def on_screen_suspend(self) -> None:
-        self._shown = False
-        if self._timer is not None:
-            self._timer.stop()
-            self._timer = None
+        self.redraws.hide()
 
     def action_pane(self, pane: str) -> None:
         self.pane = pane
@@ -557,33 +551,13 @@ class TrainingScreen(ConsoleScreen):
         if update.ended and not self.ended:
             self.ended = True
             self.check_status(self.record)
-        self._schedule()
+        self.redraws.schedule()
 
     # -- rendering (throttled, from copies, only while shown)
 
-    def _schedule(self, delay: float | None = None) -> None:
-        """Arm the one-shot render timer: ``RENDER_EVERY`` after the last render (new lines),
-        or ``delay`` seconds from now; an armed timer that fires sooner is kept."""
-        if not self._shown:
-            return
-        now = time.monotonic()
-        if delay is None:
-            delay = self._last_render + RENDER_EVERY - now
-        delay = max(delay, 0.01)  # (a zero-interval timer divides by zero in Textual)
-        if self._timer is not None:
-            if self._due <= now + delay:
-                return
-            self._timer.stop()
-        self._due = now + delay
-        self._timer = self.set_timer(delay, self._tick)
-
-    def _tick(self) -> None:
-        self._timer = None
-        self.render_now()
-
     def render_now(self, *, force: bool = False) -> None:
         """Draw what changed since the last draw (everything with ``force``)."""
-        self._last_render = time.monotonic()
+        self.redraws.drawn()
         self._render_head()
         self._render_tabs()
         store = self.store
@@ -607,7 +581,7 @@ class TrainingScreen(ConsoleScreen):
         self.query_one("#train-progress", Static).update(
             progress_text(store.progress(), live=self.run_state in ("running", "")))
         if self.follower is not None and not self.ended:
-            self._schedule(TICK_EVERY)  # seconds since the last line, stalls
+            self.redraws.schedule(TICK_EVERY)  # seconds since the last line, stalls
 
     def _render_head(self) -> None:
         out = Text()
