@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.scalarbool import ScalarBoolean
 
@@ -232,11 +233,54 @@ def parse_profile(text: str, name: str, *, defaults: bool = True, path: Path | N
 
 
 def save_profile(profile: TrainingProfile, path: str | Path | None = None) -> Path:
-    """Write the profile atomically (the old file is kept as ``.bak``); returns the path."""
+    """Write the profile atomically (the old file is kept as ``.bak``); returns the path.
+
+    An existing file is edited in place: its comments, order and layout stay, changed values
+    are replaced, keys the profile no longer has are removed, and a key the file did not have is
+    added only when its value differs from the default."""
     target = Path(path) if path is not None else profile.path
     if target is None:
         raise ValueError("save_profile needs a path for a profile that has none")
-    return atomic_write(target, profile.to_yaml(), backup=True)
+    try:
+        existing = target.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        existing = None
+    return atomic_write(target, profile_text(profile, existing), backup=True)
+
+
+def profile_text(profile: TrainingProfile, existing: str | None = None) -> str:
+    """The text :func:`save_profile` writes over a file whose text is ``existing``."""
+    try:
+        doc = _yaml().load(existing) if existing else None
+    except MarkedYAMLError:
+        doc = None
+    if not isinstance(doc, dict):
+        return profile.to_yaml()
+    _update(doc, profile.to_dict(), _plain(_yaml().load(_default_text())))
+    out = io.StringIO()
+    _yaml().dump(doc, out)
+    return out.getvalue()
+
+
+def _update(doc: Any, new: dict[str, Any], default: Any) -> None:
+    """Make the round-trip mapping ``doc`` say ``new`` (see :func:`save_profile`)."""
+    default = default if isinstance(default, dict) else {}
+    for key, value in new.items():
+        if isinstance(value, dict):
+            if isinstance(doc.get(key), dict):
+                _update(doc[key], value, default.get(key))
+            else:
+                section = doc.get(key) if key in doc else CommentedMap()
+                _update(section, value, default.get(key))
+                if section or key in doc:
+                    doc[key] = section
+        elif key in doc:
+            if _plain(doc[key]) != value:
+                doc[key] = value
+        elif value != default.get(key):
+            doc[key] = value
+    for key in [k for k in doc if k not in new]:
+        del doc[key]
 
 
 # ------------------------------------------------------------------------------------------------

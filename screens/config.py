@@ -36,7 +36,7 @@ from console import dsconfig
 from console.cli import state_dir
 from console.dsconfig import Finding, Report
 from console.probe import FactsCache, FactsCacheError, probe_all
-from console.profile import ProfileError, save_profile
+from console.profile import ProfileError, profile_text, save_profile
 from screens.base import ConsoleScreen
 from screens.bridge import follow_node_states
 from screens.config_widgets import (
@@ -330,7 +330,8 @@ class ConfigScreen(ConsoleScreen):
         files = message.files
         files.ds_saved = self.ds_text if any(p.name == files.ds_path.name
                                              for p in message.written) else files.ds_saved
-        files.profile_saved = self.profile.to_yaml() if self.profile else files.profile_saved
+        files.profile_saved = (profile_text(self.profile, files.profile_saved) if self.profile
+                               else files.profile_saved)
         files.notes = []
         self.files = files
         names = ", ".join(p.name for p in message.written)
@@ -525,7 +526,8 @@ class ConfigScreen(ConsoleScreen):
         texts = []
         if target == "saved":
             pairs = [(files.ds_saved, self.ds_text, files.ds_path.name),
-                     (files.profile_saved, self.profile.to_yaml() if self.profile else "",
+                     (files.profile_saved,
+                      profile_text(self.profile, files.profile_saved) if self.profile else "",
                       files.profile_path.name)]
         else:
             pairs = [(dsconfig.preset_text(str(target)), self.ds_text, f"{target}.json")]

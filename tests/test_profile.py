@@ -118,3 +118,32 @@ def test_save_is_atomic_with_a_backup_and_round_trips(tmp_path: Path) -> None:
     assert load_profile(tmp_path / "training.yaml.bak") == first
     with pytest.raises(ValueError, match="needs a path"):
         save_profile(default_profile())
+
+
+def test_save_edits_an_existing_file_in_place_keeping_comments(tmp_path: Path) -> None:
+    path = tmp_path / "training.yaml"
+    path.write_text(
+        "# the cluster's training profile\n"
+        "output_dir: /data/shared/out   # on NFS, every rank resumes from it\n"
+        "dataset_conf:\n"
+        "  batch_size: 6000   # tokens\n"
+        "extra:\n"
+        "  dataset_conf.batch_sampler: BatchSampler  # kept as is\n"
+        "  old_knob: 1\n")
+    profile = load_profile(path)
+    extra = {k: v for k, v in profile.extra.items() if k != "old_knob"}
+    changed = (profile.replace("optim_conf.lr", 0.0003).replace("dataset_conf.batch_size", 8000)
+               .replace("extra", extra))
+    save_profile(changed, path)
+    text = path.read_text()
+    assert text == (
+        "# the cluster's training profile\n"
+        "output_dir: /data/shared/out   # on NFS, every rank resumes from it\n"
+        "dataset_conf:\n"
+        "  batch_size: 8000   # tokens\n"
+        "extra:\n"
+        "  dataset_conf.batch_sampler: BatchSampler  # kept as is\n"
+        "optim_conf:\n"
+        "  lr: 0.0003\n")
+    assert load_profile(path).to_overrides() == changed.to_overrides()
+    assert (tmp_path / "training.yaml.bak").read_text().endswith("  old_knob: 1\n")
