@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_launch import tiny_profile  # tests/ is on sys.path (conftest.py lives there)
 from tmux import Tmux
 from walk import (
     REPO,
@@ -55,22 +56,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 EPOCHS = 40
 """About a second an epoch for 24 clips over three ranks: training outlasts the drills."""
-
-
-def _profile(tiny, out: Path) -> dict:
-    return {
-        "model": str(tiny.model_dir), "train_data_set_list": str(tiny.train_jsonl),
-        "valid_data_set_list": str(tiny.valid_jsonl), "output_dir": str(out),
-        "params_millions": 1.8,
-        "dataset_conf": {"batch_size": 500, "batch_type": "token", "sort_size": 64,
-                         "num_workers": 0, "data_split_num": 1},
-        "train_conf": {"max_epoch": EPOCHS, "log_interval": 1, "validate_interval": 100000,
-                       "save_checkpoint_interval": 100000, "keep_nbest_models": 2,
-                       "avg_keep_nbest_models_type": "loss", "use_deepspeed": True,
-                       "deepspeed_config": str(tiny.ds_config)},
-        "extra": {"disable_update": True, "dataset_conf.batch_sampler": "BatchSampler",
-                  "train_conf.avg_nbest_model": 2},
-    }
 
 
 class Followed:
@@ -130,7 +115,7 @@ def test_drills_during_one_run(fresh_loopback, tmp_path: Path,
     names = isolate_node_names(lb.cluster_yaml, tag)
     tiny = tiny_sensevoice.make(lb.shared_dir / "tiny", samples=24, seconds=1.5)
     profile = tmp_path / "training.yaml"
-    profile.write_text(yaml.safe_dump(_profile(tiny, lb.shared_dir / "exp")))
+    profile.write_text(yaml.safe_dump(tiny_profile(tiny, lb.shared_dir / "exp", EPOCHS)))
     state = Path(os.environ["SVCONSOLE_STATE_DIR"])
     cluster = load_cluster(lb.cluster_yaml)
     pool = Pool(cluster)

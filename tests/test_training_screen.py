@@ -368,16 +368,21 @@ async def wait_until(pilot, predicate, timeout: float, what: str) -> None:
         await pilot.pause(0.2)
 
 
-async def test_mount_finds_the_run_and_follows_its_log_over_ssh(loopback, tmp_path):
-    """A run in the index (ended: its exit file is there) is shown on mount, its log read over
-    the pool's streaming channel by the real follower."""
+def ended_run_on_node1(cluster_yaml: Path, tmp_path: Path, run_id: str) -> tuple[RunRecord, Path]:
+    """A finished run of node1 alone (its exit file written) whose log is the real fp32 log."""
     log = tmp_path / "node1.log"
     log.write_bytes(FP32.read_bytes())
     (tmp_path / "node1.exit").write_text(json.dumps({"code": 0}))
-    cluster = load_cluster(loopback.cluster_yaml)
-    record = a_record(cluster, {"node1": log}, run_id="20261130-001545-beef")
+    record = a_record(load_cluster(cluster_yaml), {"node1": log}, run_id=run_id)
     record.nodes = [n for n in record.nodes if n.node == "node1"]
     record.nodes[0].exit_file = str(tmp_path / "node1.exit")
+    return record, log
+
+
+async def test_mount_finds_the_run_and_follows_its_log_over_ssh(loopback, tmp_path):
+    """A run in the index (ended: its exit file is there) is shown on mount, its log read over
+    the pool's streaming channel by the real follower."""
+    record, log = ended_run_on_node1(loopback.cluster_yaml, tmp_path, "20261130-001545-beef")
     state = tmp_path / "state"
     index_record(record, state)
     app, pool = loopback_app(loopback.cluster_yaml, state)
@@ -405,13 +410,7 @@ async def test_a_run_indexed_after_mount_is_found_without_a_key(loopback, tmp_pa
     """A run started elsewhere (svconsole launch) while the screen shows no live run appears by
     itself: the screen looks again every RESCAN_EVERY seconds."""
     monkeypatch.setattr(training_screen, "RESCAN_EVERY", 0.5)
-    log = tmp_path / "node1.log"
-    log.write_bytes(FP32.read_bytes())
-    (tmp_path / "node1.exit").write_text(json.dumps({"code": 0}))
-    cluster = load_cluster(loopback.cluster_yaml)
-    record = a_record(cluster, {"node1": log}, run_id="20261130-001546-cafe")
-    record.nodes = [n for n in record.nodes if n.node == "node1"]
-    record.nodes[0].exit_file = str(tmp_path / "node1.exit")
+    record, _ = ended_run_on_node1(loopback.cluster_yaml, tmp_path, "20261130-001546-cafe")
     state = tmp_path / "state"
     app, pool = loopback_app(loopback.cluster_yaml, state)
     try:
