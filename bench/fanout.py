@@ -1,6 +1,6 @@
 """Fan-out benchmark: one command on every node of a loopback cluster, four ways.
 
-Starts its own loopback cluster (real sshd processes, console/loopback.py) and measures, in the
+Starts its own loopback cluster (real sshd processes, console/ssh/loopback.py) and measures, in the
 same run, the wall time of ``hostname`` on all N nodes:
 
 - through a warm svconsole pool (connections already open: one channel per node);
@@ -37,9 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from console.cluster import load_cluster  # noqa: E402
-from console.loopback import LoopbackCluster  # noqa: E402
-from console.pool import Pool  # noqa: E402
+from console.cluster.model import load_cluster  # noqa: E402
+from console.ssh.loopback import LoopbackCluster  # noqa: E402
+from console.ssh.pool import Pool  # noqa: E402
 
 NAMESPACE_FLAG = "--inside-namespace"
 

@@ -2,10 +2,10 @@
 
 Usage: ``python bench/telemetry.py [--nodes 32] [--seconds 30] [--json]``
 
-It starts a loopback cluster (real sshd per node, console/loopback.py), then measures two ways of
+It starts a loopback cluster (real sshd per node, console/ssh/loopback.py), then measures two ways of
 getting one sample per node per second, each for ``--seconds`` after start-up:
 
-- streaming: :class:`console.telemetry.Telemetry`, one long-lived agent per node at 1 Hz over the
+- streaming: :class:`console.gpu.telemetry.Telemetry`, one long-lived agent per node at 1 Hz over the
   shared pool, each agent simulating 8 H200 GPUs from tests/fixtures/h200/nvml.json;
 - naive: every second, for every node, a fresh SSH connection that runs the agent once
   (``--count 1``, like ``nvidia-smi`` or ``gpustat`` over SSH) and closes.
@@ -34,11 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from console.cluster import Cluster, load_cluster  # noqa: E402
-from console.loopback import LoopbackCluster  # noqa: E402
-from console.pool import Pool  # noqa: E402
-from console.remote import script_path  # noqa: E402
-from console.telemetry import Collector, Telemetry, parse_sample  # noqa: E402
+from console.cluster.model import Cluster, load_cluster  # noqa: E402
+from console.gpu.telemetry import Collector, Telemetry, parse_sample  # noqa: E402
+from console.ssh.loopback import LoopbackCluster  # noqa: E402
+from console.ssh.pool import Pool  # noqa: E402
+from console.ssh.remote import script_path  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "h200" / "nvml.json"
 

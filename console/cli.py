@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, TextIO
 from console import __version__
 
 if TYPE_CHECKING:
-    from console.cluster import Cluster
-    from console.pool import Pool
+    from console.cluster.model import Cluster
+    from console.ssh.pool import Pool
 
 #: Subcommand modules under ``console.commands``, in the order ``--help`` lists them.
 COMMANDS = ("nodes", "exec", "check", "setup", "verify", "validate", "launch", "runs", "stop",
@@ -56,13 +56,13 @@ class Context:
 
     @cached_property
     def cluster(self) -> Cluster:
-        from console.cluster import load_or_default
+        from console.cluster.model import load_or_default
 
         return load_or_default(self.config)
 
     @cached_property
     def pool(self) -> Pool:
-        from console.pool import Pool
+        from console.ssh.pool import Pool
 
         return Pool(self.cluster, sudo_password=self.sudo_password)
 
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cluster.yaml (default: ./cluster.yaml, then "
                              "~/.config/svconsole/cluster.yaml; without one, this machine "
                              "as a one-node cluster)")
-    from console.telemetry import SIMULATION_FIXTURE
+    from console.gpu.telemetry import SIMULATION_FIXTURE
 
     parser.add_argument("--simulate-gpus", metavar="FIXTURE", nargs="?", type=Path,
                         const=SIMULATION_FIXTURE,
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ctx = Context(args.config)
     ctx.gpu_simulate = args.simulate_gpus
-    from console.cluster import ClusterConfigError
+    from console.cluster.model import ClusterConfigError
 
     try:
         if args.command is None:

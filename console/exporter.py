@@ -1,9 +1,9 @@
 """Prometheus exporter: the cluster's nodes, GPUs and training runs as Prometheus metrics.
 
 ``svconsole exporter`` runs the same engine as the console, headless: the shared SSH pool with
-its health probes, one GPU agent per node (:class:`console.telemetry.Telemetry`), and a follower
-for every live training run (:class:`RunWatcher`, over :mod:`console.runs` and
-:mod:`console.follow`). :class:`EngineCollector` is a prometheus-client collector: at every
+its health probes, one GPU agent per node (:class:`console.gpu.telemetry.Telemetry`), and a follower
+for every live training run (:class:`RunWatcher`, over :mod:`console.training.runs` and
+:mod:`console.training.follow`). :class:`EngineCollector` is a prometheus-client collector: at every
 scrape it builds the metric families from the engine's state at that moment, so a GPU, node or
 run that is gone has no series left (Prometheus marks the series stale); nothing is cached
 between scrapes.
@@ -45,11 +45,8 @@ from typing import Any, Literal
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from console.faults import Finding
-from console.metrics import MetricsStore
-from console.pool import NodeState, Pool
-from console.probe import FactsCache, FactsCacheError, NodeFacts
-from console.telemetry import (
+from console.cluster.probe import FactsCache, FactsCacheError, NodeFacts
+from console.gpu.telemetry import (
     GPUReading,
     NodeStatus,
     Sample,
@@ -58,6 +55,9 @@ from console.telemetry import (
     agent_module,
     feed_utilisation,
 )
+from console.ssh.pool import NodeState, Pool
+from console.training.faults import Finding
+from console.training.metrics import MetricsStore
 
 log = logging.getLogger(__name__)
 
@@ -230,9 +230,9 @@ class RunWatcher:
     """The runs the exporter serves.
 
     Every ``interval`` seconds (0: never) it asks the cluster for live runs
-    (:func:`console.runs.find_runs`: the local index under ``state_dir`` plus runs found alive on
+    (:func:`console.training.runs.find_runs`: the local index under ``state_dir`` plus runs found alive on
     the nodes) and follows each new one into its own :class:`MetricsStore` from the start of its
-    logs (:class:`console.follow.RunFollower`). A run whose logs ended is served ``retain_s``
+    logs (:class:`console.training.follow.RunFollower`). A run whose logs ended is served ``retain_s``
     seconds more (its final values get scraped), then dropped. :meth:`attach` serves a store fed
     elsewhere (a screen's run, a test)."""
 
@@ -283,8 +283,8 @@ class RunWatcher:
 
     def poll(self) -> None:
         """Follow live runs not followed yet; drop ended runs past their retention."""
-        from console.follow import RunFollower
-        from console.runs import find_runs
+        from console.training.follow import RunFollower
+        from console.training.runs import find_runs
 
         assert self.state_dir is not None
         for status in find_runs(self.pool, self.state_dir, live_only=True):

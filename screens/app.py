@@ -20,9 +20,9 @@ from screens.messages import NodeStatusChanged
 
 if TYPE_CHECKING:
     from console.cli import Context
-    from console.cluster import Cluster
-    from console.pool import Pool
-    from console.telemetry import Telemetry
+    from console.cluster.model import Cluster
+    from console.gpu.telemetry import Telemetry
+    from console.ssh.pool import Pool
 
 
 def _build_screen(mode: str) -> Screen:
@@ -67,7 +67,7 @@ class SVConsoleApp(App[int]):
         """The console's one GPU agent per node (started on first use, by the GPUs screen or a
         followed training run); stopped when the app exits or the cluster changes."""
         if self._telemetry is None:
-            from console.telemetry import Telemetry
+            from console.gpu.telemetry import Telemetry
             from screens.gpus import simulation_fixture
 
             try:
@@ -91,7 +91,7 @@ class SVConsoleApp(App[int]):
         """Make ``cluster`` (just saved from the Nodes screen) the app's: a pool for it, the
         header following it, health checks on it; the other screens are built anew on their next
         visit (their workers stop with them), and the old pool closes in the background."""
-        from console.pool import Pool
+        from console.ssh.pool import Pool
 
         old = self.pool
         self.stop_gpu_telemetry()

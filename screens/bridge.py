@@ -10,7 +10,7 @@ from screens.messages import NodeStatusChanged
 if TYPE_CHECKING:
     from textual.message_pump import MessagePump
 
-    from console.pool import NodeStatus, Pool
+    from console.ssh.pool import NodeStatus, Pool
 
 
 def follow_node_states(target: MessagePump, pool: Pool) -> Callable[[], None]:

@@ -5,7 +5,7 @@ and ``training.yaml``. A missing file starts from the seed preset / the packaged
 written only when the operator saves (ctrl+s: atomic, the old file kept as ``.bak``).
 
 The two files (a few KB, local) are read when the screen mounts, before its first paint.
-Validation (``console.dsconfig.validate``: DeepSpeed's own rules, the tuning matrix, the cluster)
+Validation (``console.training.dsconfig.validate``: DeepSpeed's own rules, the tuning matrix, the cluster)
 runs in a thread worker 300 ms after the last keystroke; a newer one cancels an older one. The
 deepspeed import is slow, so it happens once, in the background, when the screen mounts. The
 cluster comes from the cached node facts, or from a probe of the nodes in a worker.
@@ -32,11 +32,11 @@ from textual.timer import Timer
 from textual.widgets import Input, Select, Static, TabbedContent, TabPane, Tabs, TextArea
 from textual.worker import get_current_worker
 
-from console import dsconfig
 from console.cli import state_dir
-from console.dsconfig import Finding, Report
-from console.probe import FactsCache, FactsCacheError, probe_all
-from console.profile import ProfileError, profile_text, save_profile
+from console.cluster.probe import FactsCache, FactsCacheError, probe_all
+from console.training import dsconfig
+from console.training.dsconfig import Finding, Report
+from console.training.profile import ProfileError, profile_text, save_profile
 from screens.base import ConsoleScreen
 from screens.bridge import follow_node_states
 from screens.config_widgets import (
@@ -66,8 +66,8 @@ from screens.messages import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from console.pool import NodeStatus
-    from console.profile import TrainingProfile
+    from console.ssh.pool import NodeStatus
+    from console.training.profile import TrainingProfile
 
 #: Seconds after the last keystroke before the config is validated again.
 DEBOUNCE_S = 0.3

@@ -22,8 +22,8 @@ from textual.screen import ModalScreen
 from textual.suggester import SuggestFromList
 from textual.widgets import Input, Label, Static
 
-from console import dsconfig
-from console.profile import (
+from console.training import dsconfig
+from console.training.profile import (
     ProfileError,
     TrainingProfile,
     default_profile,
@@ -33,8 +33,8 @@ from console.profile import (
 )
 
 if TYPE_CHECKING:
-    from console.cluster import Cluster
-    from console.dsconfig import Finding
+    from console.cluster.model import Cluster
+    from console.training.dsconfig import Finding
 
 #: The DeepSpeed JSON the Config screen edits, beside cluster.yaml.
 #: The preset a missing DeepSpeed JSON starts from: the seed guide's ZeRO-1 bf16 config.

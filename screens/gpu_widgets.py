@@ -2,7 +2,7 @@
 
 Widgets here render from a :class:`NodeView`, an immutable copy of what the screen knows about one
 node at one instant; they never read the collectors, so a render cannot race an update. Colours
-come from the seed guide's 6.1 verdicts (:func:`console.telemetry.judge_gpu`): green when normal,
+come from the seed guide's 6.1 verdicts (:func:`console.gpu.telemetry.judge_gpu`): green when normal,
 yellow when outside the normal range, orange for a warning, red for critical, grey when idle; and
 outside a run nothing is judged (busy GPUs are blue, never an alarm).
 """
@@ -19,7 +19,7 @@ from rich.text import Text
 from textual.geometry import Size
 from textual.widget import Widget
 
-from console.telemetry import GPUReading, GPUVerdicts, Level, NodeStatus
+from console.gpu.telemetry import GPUReading, GPUVerdicts, Level, NodeStatus
 
 SPARKS = "▁▂▃▄▅▆▇█"
 DETAIL_BAR = 24     # cells of a bar in the detailed form

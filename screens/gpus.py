@@ -1,6 +1,6 @@
 """The GPUs screen: every GPU of the cluster, live, from one streaming agent per node.
 
-When first shown it follows the app's one :class:`console.telemetry.Telemetry` over its pool
+When first shown it follows the app's one :class:`console.gpu.telemetry.Telemetry` over its pool
 (``app.gpu_telemetry()``: one ``gpu_agent.py`` per node, over one SSH channel each, shared with
 the Training screen). The collectors call back on their threads;
 :func:`follow_telemetry` turns each update into a :class:`~screens.messages.GPUTelemetry` message
@@ -31,7 +31,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from console.telemetry import (
+from console.gpu.telemetry import (
     NodeStatus,
     Overview,
     Sample,
@@ -48,8 +48,8 @@ from screens.throttle import RedrawThrottle
 if TYPE_CHECKING:
     from textual.message_pump import MessagePump
 
-    from console.metrics import RankStatus
-    from console.runs import RunRecord
+    from console.training.metrics import RankStatus
+    from console.training.runs import RunRecord
 
 #: Environment variable naming an ``nvml.json`` fixture to replay instead of reading GPUs.
 SIMULATE_ENV = "SVCONSOLE_GPU_SIMULATE"

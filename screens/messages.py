@@ -14,12 +14,12 @@ from textual.message import Message
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from console.cluster import Cluster
-    from console.metrics import RankStatus
-    from console.pool import NodeStatus
-    from console.probe import NodeFacts
-    from console.runs import RunRecord
-    from console.telemetry import TelemetryUpdate
+    from console.cluster.model import Cluster
+    from console.cluster.probe import NodeFacts
+    from console.gpu.telemetry import TelemetryUpdate
+    from console.ssh.pool import NodeStatus
+    from console.training.metrics import RankStatus
+    from console.training.runs import RunRecord
 
 
 class NodeStatusChanged(Message):
@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence  # noqa: F811 (also above, for other messages)
     from pathlib import Path
 
-    from console.dsconfig import ClusterSpec, Finding, Report
+    from console.training.dsconfig import ClusterSpec, Finding, Report
     from screens.config_widgets import ConfigFiles
 
 
@@ -135,7 +135,7 @@ class ConfigSaved(Message):
 # The Setup screen (guided bring-up). No message carries the sudo password.
 
 if TYPE_CHECKING:
-    from console.steps import RunSummary
+    from console.bringup import RunSummary
 
 
 class SetupStandingRead(_Latest):
@@ -221,9 +221,9 @@ class ClusterChanged(Message):
 # The Training screen (launch, follow, stop, resume, export)
 
 if TYPE_CHECKING:
-    from console.follow import RunUpdate
-    from console.launch import Preparation
-    from console.runs import RunStatus, StopResult
+    from console.training.follow import RunUpdate
+    from console.training.launch import Preparation
+    from console.training.runs import RunStatus, StopResult
 
 
 class RunProgress(Message):

@@ -15,13 +15,13 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from console.inventory import age_text
+from console.cluster.inventory import age_text
 
 if TYPE_CHECKING:
-    from console.cluster import Node
-    from console.inventory import Mismatch, NodeReport
-    from console.pool import NodeStatus
-    from console.probe import NodeFacts
+    from console.cluster.inventory import Mismatch, NodeReport
+    from console.cluster.model import Node
+    from console.cluster.probe import NodeFacts
+    from console.ssh.pool import NodeStatus
 
 VERDICT_STYLE = {"ready": "bold green", "degraded": "bold yellow", "not ready": "bold red"}
 MISMATCH_STYLE = "bold red"

@@ -22,11 +22,11 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
-from console.cluster import ClusterConfigError, ClusterEditor, ConfigIssue
+from console.cluster.model import ClusterConfigError, ClusterEditor, ConfigIssue
 from screens.base import ConsoleModal
 
 if TYPE_CHECKING:
-    from console.cluster import Cluster
+    from console.cluster.model import Cluster
 
 #: The form's fields, in order: (key in cluster.yaml, label, placeholder).
 FIELDS: tuple[tuple[str, str, str], ...] = (

@@ -31,9 +31,9 @@ from textual.widgets import DataTable, Input, Static
 from textual.worker import get_current_worker
 
 from console.atomic import atomic_write
-from console.cluster import ClusterEditor, export_hostfile, import_hostfile, read_text
-from console.inventory import Reason, Report, Verdict, assess, consistency_values, gpu_class
-from console.probe import (
+from console.cluster.inventory import Reason, Report, Verdict, assess, consistency_values, gpu_class
+from console.cluster.model import ClusterEditor, export_hostfile, import_hostfile, read_text
+from console.cluster.probe import (
     PROBE_TIMEOUT,
     TORCH_TIMEOUT,
     FactsCache,
@@ -48,8 +48,8 @@ from screens.node_detail import VERDICT_STYLE, NodeDetail, detail_text
 from screens.node_form import ConfirmDialog, NodeForm, PathPrompt, editor_for, remove_node
 
 if TYPE_CHECKING:
-    from console.cluster import Cluster
-    from console.pool import NodeStatus
+    from console.cluster.model import Cluster
+    from console.ssh.pool import NodeStatus
 
 STATE_STYLE = {
     "up": "green",

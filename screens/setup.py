@@ -3,7 +3,7 @@ twice).
 
 Left, the phases in the seed's order with where the cluster stands; right, the step x node grid
 of states; below, the log pane: the selected cell's commands and its log (live while it runs),
-or a dry run's commands. Runs go through :class:`console.steps.Runner` in a thread worker; its
+or a dry run's commands. Runs go through :class:`console.bringup.Runner` in a thread worker; its
 events are buffered by :class:`~screens.setup_widgets.RunFeed` and drained at most
 ``RENDER_EVERY`` seconds apart, so a chatty step never floods the screen.
 
@@ -26,8 +26,8 @@ from textual.containers import Horizontal, Vertical
 from textual.timer import Timer
 from textual.widgets import DataTable, Log, Static
 
-from console.steps import STEPS, RunSummary, SetupOptions, Step, StepState
-from console.steps.runner import Runner
+from console.bringup import STEPS, RunSummary, SetupOptions, Step, StepState
+from console.bringup.runner import Runner
 from screens.base import ConsoleScreen
 from screens.messages import (
     SetupRunFinished,
@@ -386,7 +386,7 @@ class SetupScreen(ConsoleScreen):
     @work(thread=True, exclusive=True, group="setup-sudo", name="check sudo on the nodes",
           exit_on_error=False)
     def probe_sudo(self, nodes: list[str]) -> None:
-        from console.pool import SUDO_PROBE
+        from console.ssh.pool import SUDO_PROBE
 
         results = self.console.pool.run_all(SUDO_PROBE, nodes=nodes, timeout=30)
         modes = {}

@@ -22,15 +22,15 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Static
 
-from console.steps import PHASES, Phase, RunSummary, Step, StepState
-from console.steps.runner import SUMMARY, Cell, OutputLine, RunEvent, Runner, runs_dir
+from console.bringup import PHASES, Phase, RunSummary, Step, StepState
+from console.bringup.runner import SUMMARY, Cell, OutputLine, RunEvent, Runner, runs_dir
 from screens.messages import SetupRunProgress
 
 if TYPE_CHECKING:
     from textual.message_pump import MessagePump
 
-    from console.cluster import Cluster
-    from console.steps import SetupOptions
+    from console.bringup import SetupOptions
+    from console.cluster.model import Cluster
 
 CellKey = tuple[str, str]
 """(step id, node name)."""
@@ -125,7 +125,7 @@ class Standing:
 
     def failed(self) -> set[CellKey]:
         """Cells that "retry failed" runs again."""
-        from console.steps.runner import RETRY_STATES
+        from console.bringup.runner import RETRY_STATES
 
         return {k for k, v in self.cells.items() if v.state in RETRY_STATES}
 

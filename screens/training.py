@@ -1,6 +1,6 @@
 """The Training screen: launch a run on every node, follow it live, stop it, resume it.
 
-When first shown it looks for this cluster's runs (``console.runs.find_runs``, in a thread worker):
+When first shown it looks for this cluster's runs (``console.training.runs.find_runs``, in a thread worker):
 a live run is reattached (its logs followed from where the run's output starts), else the newest
 run is shown as it ended. Launching (``l``) opens :class:`LaunchDialog`: the profile and options,
 then the whole plan (every node's command, environment, working directory and log file) and each
@@ -10,8 +10,8 @@ before it starts, in a thread worker. ``s`` stops the run (confirmed; SIGTERM to
 process group, SIGKILL after a grace period), ``r`` relaunches a run that ended with
 ``train_conf.resume=true``.
 
-Following: :class:`console.follow.RunFollower` reads every node's log over the pool into one
-:class:`console.metrics.MetricsStore` and calls back at most every ``follow_interval`` seconds;
+Following: :class:`console.training.follow.RunFollower` reads every node's log over the pool into one
+:class:`console.training.metrics.MetricsStore` and calls back at most every ``follow_interval`` seconds;
 :func:`follow_run` turns each call into a :class:`~screens.messages.RunProgress` (a newer one
 replaces a queued older one). The widgets are drawn from copies of the store, at most every
 ``RENDER_EVERY`` seconds however fast lines arrive, only when the store's ``revision`` moved, and
@@ -41,8 +41,9 @@ from textual.widgets import Input, Label, Select, Static
 from textual.worker import Worker, WorkerState
 
 from console.cli import state_dir
-from console.follow import RunFollower
-from console.launch import (
+from console.gpu.telemetry import TelemetryUpdate, feed_utilisation
+from console.training.follow import RunFollower
+from console.training.launch import (
     ENTRIES,
     LaunchError,
     LaunchOptions,
@@ -53,10 +54,9 @@ from console.launch import (
     resume_options,
     resume_profile,
 )
-from console.metrics import MetricsStore
-from console.profile import ProfileError, default_profile, load_profile, profile_path_for
-from console.runs import RunRecord, RunStatus, find_runs, run_status, stop_run
-from console.telemetry import TelemetryUpdate, feed_utilisation
+from console.training.metrics import MetricsStore
+from console.training.profile import ProfileError, default_profile, load_profile, profile_path_for
+from console.training.runs import RunRecord, RunStatus, find_runs, run_status, stop_run
 from screens.base import ConsoleModal, ConsoleScreen
 from screens.keys import SCREENS
 from screens.messages import (
@@ -84,7 +84,7 @@ from screens.training_widgets import (
 if TYPE_CHECKING:
     from textual.message_pump import MessagePump
 
-    from console.profile import TrainingProfile
+    from console.training.profile import TrainingProfile
 
 #: The widgets are drawn at most this often (seconds), however fast lines arrive.
 RENDER_EVERY = 0.5

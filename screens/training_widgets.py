@@ -19,8 +19,8 @@ from textual.app import RenderResult
 from textual.widgets import DataTable, Static
 from textual_plotext import PlotextPlot
 
-from console.faults import Finding, Severity
-from console.logparse import (
+from console.training.faults import Finding, Severity
+from console.training.logparse import (
     BestModel,
     CheckpointSaved,
     EarlyStop,
@@ -33,7 +33,7 @@ from console.logparse import (
     ValResult,
     WorkerExit,
 )
-from console.metrics import FeedItem, MetricsStore, Progress, RankStatus
+from console.training.metrics import FeedItem, MetricsStore, Progress, RankStatus
 
 Points = tuple[tuple[float, float], ...]
 

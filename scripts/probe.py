@@ -288,7 +288,7 @@ def rdma_ports(sys_ib: str = "/sys/class/infiniband") -> list:
 def _gpu(index, name, uuid=None, memory_total_mb=None, compute_capability=None,
          driver_version=None, cuda_driver_version=None, persistence=None, ecc=None,
          pcie_gen=None, pcie_width=None, nvlink_up=None) -> dict:
-    """One GPU as the payload carries it (the fields of console.probe.GPUInfo)."""
+    """One GPU as the payload carries it (the fields of console.cluster.probe.GPUInfo)."""
     return dict(index=index, name=name, uuid=uuid, memory_total_mb=memory_total_mb,
                 compute_capability=compute_capability, driver_version=driver_version,
                 cuda_driver_version=cuda_driver_version, persistence=persistence, ecc=ecc,

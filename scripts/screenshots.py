@@ -27,8 +27,8 @@ SHOTS = (("1", "nodes"), ("2", "setup"), ("3", "config"), ("4", "training"), ("5
 
 async def take(cluster_yaml: Path, out: Path, size: tuple[int, int], settle: float) -> list[Path]:
     """Open the app on ``cluster_yaml``, show each screen, save an SVG of each into ``out``."""
-    from console.cluster import load_cluster
-    from console.pool import Pool
+    from console.cluster.model import load_cluster
+    from console.ssh.pool import Pool
     from screens.app import SVConsoleApp
 
     out.mkdir(parents=True, exist_ok=True)
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.config is not None:
         saved = asyncio.run(take(args.config, args.out, args.size, args.settle))
     else:
-        from console.loopback import LoopbackCluster
+        from console.ssh.loopback import LoopbackCluster
 
         with tempfile.TemporaryDirectory(prefix="svshots-") as tmp, \
                 LoopbackCluster(tmp, 3, base_port=None) as lb:

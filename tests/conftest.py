@@ -1,8 +1,8 @@
 """Shared pytest fixtures.
 
-Loopback cluster (real OpenSSH sshd processes on 127.0.1.x, see console/loopback.py):
+Loopback cluster (real OpenSSH sshd processes on 127.0.1.x, see console/ssh/loopback.py):
 
-- ``loopback`` (session scope): a running :class:`console.loopback.LoopbackCluster` of 4 nodes
+- ``loopback`` (session scope): a running :class:`console.ssh.loopback.LoopbackCluster` of 4 nodes
   (``node0``..``node3`` on 127.0.1.1..127.0.1.4, one free port for all), ``node2`` prints a banner
   on stdout and stderr for every command. ``loopback.cluster_yaml`` is a ready cluster.yaml (strict
   host keys). A test may break its nodes (``kill``/``hang``/``change_host_key``): every node is put
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from console.loopback import LoopbackCluster, find_sshd
+from console.ssh.loopback import LoopbackCluster, find_sshd
 
 LOOPBACK_NODES = 4
 LOOPBACK_BANNER_NODES = (2,)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from console.cluster import Cluster, Node
-from console.pool import Pool
+from console.cluster.model import Cluster, Node
+from console.ssh.pool import Pool
 from screens.app import SVConsoleApp
 from screens.help import HelpScreen
 from screens.keys import SCREENS
@@ -60,7 +60,7 @@ async def test_quit_key_exits(offline_app):
 
 
 async def test_header_counts_nodes_up_live(loopback):
-    from console.cluster import load_cluster
+    from console.cluster.model import load_cluster
 
     cluster = load_cluster(loopback.cluster_yaml)
     pool = Pool(cluster)

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from console.atomic import atomic_write
-from console.cluster import (
+from console.cluster.model import (
     Cluster,
     ClusterConfigError,
     ClusterEditor,

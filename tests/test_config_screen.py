@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from console import dsconfig
-from console.cluster import Cluster, Node
-from console.pool import Pool
-from console.probe import FactsCache, NodeFacts
+from console.cluster.model import Cluster, Node
+from console.cluster.probe import FactsCache, NodeFacts
+from console.ssh.pool import Pool
+from console.training import dsconfig
 from screens.app import SVConsoleApp
 from screens.config import ConfigScreen
 from screens.config_widgets import ConfirmSave, FieldRow

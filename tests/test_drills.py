@@ -45,12 +45,12 @@ from walk import (
     wait_until,
 )
 
-from console import runs
 from console.cli import main
-from console.cluster import load_cluster
-from console.follow import RunFollower, RunUpdate
-from console.loopback import LoopbackCluster, _descendants
-from console.pool import NodeState, Pool
+from console.cluster.model import load_cluster
+from console.ssh.loopback import LoopbackCluster, _descendants
+from console.ssh.pool import NodeState, Pool
+from console.training import runs
+from console.training.follow import RunFollower, RunUpdate
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

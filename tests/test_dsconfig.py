@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from console import dsconfig
 from console.cli import Context
+from console.cluster.probe import GPUInfo, NodeFacts
 from console.commands import validate as validate_cmd
-from console.dsconfig import ClusterSpec, Finding, gpu_model
-from console.probe import GPUInfo, NodeFacts
-from console.profile import default_profile
+from console.training import dsconfig
+from console.training.dsconfig import ClusterSpec, Finding, gpu_model
+from console.training.profile import default_profile
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dsconfig"
 SEED = json.loads(dsconfig.preset_text("seed_zero1_bf16"))
@@ -275,8 +275,8 @@ def test_without_deepspeed_the_layer_says_it_did_not_run(tmp_path: Path) -> None
     code = (
         "import sys, json\n"
         "sys.modules['deepspeed'] = None\n"
-        "from console import dsconfig\n"
-        "from console.profile import default_profile\n"
+        "from console.training import dsconfig\n"
+        "from console.training.profile import default_profile\n"
         "spec = dsconfig.ClusterSpec.from_overrides(12, 'A100', nodes=3)\n"
         f"r = dsconfig.validate(open({str(tmp_path / 'ds.json')!r}).read(),"
         " profile=default_profile(), cluster=spec)\n"
@@ -346,7 +346,7 @@ def test_overrides_need_an_even_split_and_a_known_gpu() -> None:
 
 
 def test_cluster_from_probe_facts() -> None:
-    from console.cluster import Cluster, Node
+    from console.cluster.model import Cluster, Node
 
     cluster = Cluster(name="c", shared_dir="/data/shared", nodes=(
         Node("a", "10.0.0.1"), Node("b", "10.0.0.2", gpus=(1,)), Node("c", "10.0.0.3")))
@@ -518,8 +518,8 @@ def test_finding_str_and_report_json() -> None:
 
 def test_data_lists_over_loopback_sshd(loopback: Any, tmp_path: Path) -> None:
     """The same check through the real SSH pool: ``pool.run`` on every node."""
-    from console.cluster import load_cluster
-    from console.pool import Pool
+    from console.cluster.model import load_cluster
+    from console.ssh.pool import Pool
 
     data = loopback.shared_dir / "dsconfig-test"
     data.mkdir(exist_ok=True)

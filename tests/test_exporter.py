@@ -24,13 +24,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_telemetry import agent_pids  # tests/ is on sys.path (conftest.py lives there)
 
-from console.cluster import load_cluster
+from console.cluster.model import load_cluster
+from console.cluster.probe import FactsCache, probe_node
 from console.exporter import METRICS, Exporter, is_loopback
-from console.logparse import parse_file
-from console.metrics import MetricsStore
-from console.pool import Pool
-from console.probe import FactsCache, probe_node
-from console.telemetry import TelemetryUpdate
+from console.gpu.telemetry import TelemetryUpdate
+from console.ssh.pool import Pool
+from console.training.logparse import parse_file
+from console.training.metrics import MetricsStore
 
 ROOT = Path(__file__).resolve().parents[1]
 NVML = ROOT / "tests" / "fixtures" / "h200" / "nvml.json"
@@ -436,7 +436,7 @@ def test_run_watcher_finds_a_live_run_follows_its_log_and_drops_it_after_the_end
     the log is the real FunASR one) is found, followed over SSH into a store, and dropped once
     its logs ended and the retention passed."""
     from console.exporter import RunWatcher
-    from console.runs import NodeRun, RunRecord, index_record, new_run_id
+    from console.training.runs import NodeRun, RunRecord, index_record, new_run_id
 
     cluster = load_cluster(loopback.cluster_yaml)
     log = tmp_path / "logs" / "node0.log"
@@ -484,7 +484,7 @@ def test_gpu_utilisation_of_a_runs_nodes_feeds_its_low_utilisation_fault(tmp_pat
     """Telemetry of the nodes a run trains on goes into that run's store: 90 s at 12% is the
     seed's "GPU utilisation below 50%" fault; another node's samples and an ended run are not."""
     from console.exporter import RunWatcher
-    from console.telemetry import NodeStatus, parse_sample
+    from console.gpu.telemetry import NodeStatus, parse_sample
 
     watcher = RunWatcher(None, tmp_path, interval=0)  # no pool needed: nothing is polled
     with MetricsStore() as training, MetricsStore() as ended, MetricsStore() as other:

@@ -1,4 +1,4 @@
-"""console.faults: the catalog finds the real H200 failures, realistic lines of the others, and
+"""console.training.faults: the catalog finds the real H200 failures, realistic lines of the others, and
 the configs that fail; the detectors judge real readings."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from console.faults import (
+from console.training.faults import (
     CATALOG,
     LossWatch,
     Severity,

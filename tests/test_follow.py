@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from console.cluster import load_cluster
-from console.follow import FollowError, LogFollower, Position, RunFollower, read_run
-from console.logparse import TrainStep, parse_file
-from console.pool import Pool
-from console.runs import NodeRun, RunRecord
+from console.cluster.model import load_cluster
+from console.ssh.pool import Pool
+from console.training.follow import FollowError, LogFollower, Position, RunFollower, read_run
+from console.training.logparse import TrainStep, parse_file
+from console.training.runs import NodeRun, RunRecord
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
 REAL_LOG = FIXTURES / "funasr-sensevoicesmall-zero1-fp32-bs6000.log"

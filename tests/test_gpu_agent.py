@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from console.remote import script_path
-from console.telemetry import agent_module, parse_sample
+from console.gpu.telemetry import agent_module, parse_sample
+from console.ssh.remote import script_path
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h200"
 AGENT = str(script_path("gpu_agent.py"))

@@ -20,12 +20,8 @@ from rich.text import Text
 from test_telemetry import agent_pids  # tests/ is on sys.path (conftest.py lives there)
 
 import screens.app
-from console.cluster import Cluster, Node, load_cluster
-from console.metrics import RankStatus
-from console.pool import Pool
-from console.remote import script_path
-from console.runs import NodeRun, RunRecord
-from console.telemetry import (
+from console.cluster.model import Cluster, Node, load_cluster
+from console.gpu.telemetry import (
     GPUProcess,
     NodeStatus,
     Sample,
@@ -34,6 +30,10 @@ from console.telemetry import (
     parse_sample,
     parse_smi_csv,
 )
+from console.ssh.pool import Pool
+from console.ssh.remote import script_path
+from console.training.metrics import RankStatus
+from console.training.runs import NodeRun, RunRecord
 from screens.app import SVConsoleApp
 from screens.gpu_widgets import LEVEL_STYLES, UNJUDGED_STYLE, HeatGrid, short_name
 from screens.gpus import GPUsScreen, simulation_fixture

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import paramiko
 
-from console.cluster import Cluster, load_cluster
-from console.hostkeys import KnownHosts, fingerprint, host_id
-from console.loopback import LoopbackCluster
-from console.pool import NodeState, NodeStatus, Pool
+from console.cluster.model import Cluster, load_cluster
+from console.ssh.hostkeys import KnownHosts, fingerprint, host_id
+from console.ssh.loopback import LoopbackCluster
+from console.ssh.pool import NodeState, NodeStatus, Pool
 
 
 def cluster_of(lb: LoopbackCluster, known_hosts: Path, policy: str) -> Cluster:
@@ -56,7 +56,7 @@ def test_strict_refuses_an_unknown_key(loopback, tmp_path) -> None:
 def test_accept_new_records_hashed_then_accepts_silently(loopback, tmp_path, caplog) -> None:
     own = tmp_path / "config" / "svconsole" / "known_hosts"  # neither file nor directory exists
     seen: list[NodeStatus] = []
-    caplog.set_level(logging.WARNING, logger="console.hostkeys")
+    caplog.set_level(logging.WARNING, logger="console.ssh.hostkeys")
     with Pool(cluster_of(loopback, own, "accept-new")) as pool:
         pool.subscribe(seen.append)
         results = pool.run_all("echo ok")

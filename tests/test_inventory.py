@@ -11,8 +11,7 @@ import pytest
 from svconsole_scripts import probe as node_probe
 
 from console.cli import main
-from console.cluster import Cluster, Node, load_cluster
-from console.inventory import (
+from console.cluster.inventory import (
     Verdict,
     assess,
     consistency,
@@ -20,8 +19,9 @@ from console.inventory import (
     gpu_meets,
     tier_of,
 )
-from console.pool import Pool
-from console.probe import GPUInfo, NodeFacts, probe_all
+from console.cluster.model import Cluster, Node, load_cluster
+from console.cluster.probe import GPUInfo, NodeFacts, probe_all
+from console.ssh.pool import Pool
 
 H200 = Path(__file__).parent / "fixtures" / "h200"
 

@@ -20,13 +20,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from console import launch as launching
-from console import runs
 from console.cli import main
-from console.cluster import load_cluster, parse_cluster
+from console.cluster.model import load_cluster, parse_cluster
 from console.commands import launch as launch_command
-from console.follow import RunFollower, run_metrics
-from console.launch import (
+from console.ssh.pool import Pool
+from console.training import launch as launching
+from console.training import runs
+from console.training.follow import RunFollower, run_metrics
+from console.training.launch import (
     Check,
     LaunchError,
     LaunchOptions,
@@ -38,9 +39,8 @@ from console.launch import (
     build_plan,
     prepare,
 )
-from console.logparse import TrainStep, parse_file
-from console.pool import Pool
-from console.profile import default_profile
+from console.training.logparse import TrainStep, parse_file
+from console.training.profile import default_profile
 
 CLUSTER_YAML = """\
 cluster:
@@ -212,8 +212,8 @@ def test_preflight_names_every_failure_and_launch_refuses(lb2, tmp_path):
 
 def test_plan_takes_each_nodes_nccl_env_from_setup(lb2, tmp_path):
     """What setup's nccl-env step writes on shared storage is what the launch sets on each node."""
-    from console.steps.catalog import CATALOG
-    from console.steps.runner import Runner
+    from console.bringup.catalog import CATALOG
+    from console.bringup.runner import Runner
 
     lb, pool = lb2
     assert Runner(pool, pool.cluster, [CATALOG["nccl-env"]], state_dir=tmp_path).run().ok

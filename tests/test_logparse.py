@@ -1,4 +1,4 @@
-"""console.logparse on real FunASR / DeepSpeed / torchrun lines (tests/fixtures/logs, cut from
+"""console.training.logparse on real FunASR / DeepSpeed / torchrun lines (tests/fixtures/logs, cut from
 the H200 runs in shared/fixtures/h200) and on their pathological variants."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from console.logparse import (
+from console.training.logparse import (
     BestModel,
     CheckpointSaved,
     DeepSpeedTimers,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from console.loopback import (
+from console.ssh.loopback import (
     LoopbackCluster,
     LoopbackError,
     _cmdline,
@@ -338,7 +338,7 @@ def test_heal_restarts_a_node_killed_from_outside(fresh_loopback) -> None:
 
 
 def test_cluster_yaml_is_valid_for_svconsole(loopback: LoopbackCluster) -> None:
-    from console.cluster import load_cluster
+    from console.cluster.model import load_cluster
 
     cluster = load_cluster(loopback.cluster_yaml)
     assert cluster.names() == loopback.nodes
@@ -352,7 +352,7 @@ def test_cluster_yaml_is_valid_for_svconsole(loopback: LoopbackCluster) -> None:
 def test_guard_stops_the_cluster_when_its_owner_is_killed(tmp_path: Path) -> None:
     owner = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from console.loopback import LoopbackCluster; "
+         "import sys, time; from console.ssh.loopback import LoopbackCluster; "
          f"LoopbackCluster({str(tmp_path)!r}, 2, None, guard=True).up(); "
          "print('up', flush=True); time.sleep(60)"],
         cwd=REPO, stdout=subprocess.PIPE, text=True)

@@ -1,4 +1,4 @@
-"""console.metrics (the bounded per-run store) and ``svconsole metrics --log``."""
+"""console.training.metrics (the bounded per-run store) and ``svconsole metrics --log``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from console.cli import Context
 from console.commands import metrics as metrics_command
-from console.logparse import (
+from console.training.logparse import (
     BestModel,
     CheckpointSaved,
     TrainStep,
@@ -25,7 +25,7 @@ from console.logparse import (
     parse_line,
     parse_lines,
 )
-from console.metrics import HISTORY_COLUMNS, MetricsStore, Series
+from console.training.metrics import HISTORY_COLUMNS, MetricsStore, Series
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LOGS = FIXTURES / "logs"

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable, Input, Static
 
-from console.cluster import Cluster, ClusterConfigError, load_cluster, local_cluster
-from console.pool import Pool
-from console.probe import FactsCache, NodeFacts
+from console.cluster.model import Cluster, ClusterConfigError, load_cluster, local_cluster
+from console.cluster.probe import FactsCache, NodeFacts
+from console.ssh.pool import Pool
 from screens.app import SVConsoleApp
 from screens.messages import NodeFactsArrived, ProbeRoundFinished
 from screens.node_detail import NodeDetail

@@ -1,4 +1,4 @@
-"""The SSH session pool against real sshd processes (console/loopback.py), no mocks."""
+"""The SSH session pool against real sshd processes (console/ssh/loopback.py), no mocks."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 from console import cli
-from console.cluster import Cluster, Node, load_cluster
-from console.loopback import LoopbackCluster
-from console.pool import MAX_LINE, Line, NodeState, NodeStatus, Pool, _LineSplitter
+from console.cluster.model import Cluster, Node, load_cluster
+from console.ssh.loopback import LoopbackCluster
+from console.ssh.pool import MAX_LINE, Line, NodeState, NodeStatus, Pool, _LineSplitter
 
 
 def cluster_of(lb: LoopbackCluster, **ssh: object) -> Cluster:

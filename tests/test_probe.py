@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 from svconsole_scripts import probe as node_probe
 
-from console.cluster import load_cluster
-from console.inventory import assess
-from console.pool import Pool
-from console.probe import (
+from console.cluster.inventory import assess
+from console.cluster.model import load_cluster
+from console.cluster.probe import (
     FactsCache,
     NodeFacts,
     ProbeError,
@@ -29,7 +28,8 @@ from console.probe import (
     probe_all,
     probe_node,
 )
-from console.remote import script_text
+from console.ssh.pool import Pool
+from console.ssh.remote import script_text
 
 H200 = Path(__file__).parent / "fixtures" / "h200"
 # The columns of fixtures/h200/query-gpu.csv (see /work/shared/fixtures/h200/README.md).

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from console.profile import (
+from console.training.profile import (
     ProfileError,
     default_profile,
     hydra_value,

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from console import runs
-from console.cluster import load_cluster
-from console.launch import LaunchPlan, NodePlan, Preparation, launch
-from console.pool import Pool
-from console.profile import default_profile
+from console.cluster.model import load_cluster
+from console.ssh.pool import Pool
+from console.training import runs
+from console.training.launch import LaunchPlan, NodePlan, Preparation, launch
+from console.training.profile import default_profile
 
 PROGRAM = textwrap.dedent("""
     import os, signal, subprocess, sys, time

@@ -15,12 +15,19 @@ from pathlib import Path
 
 import pytest
 
+from console.bringup import (
+    Runner,
+    SetupOptions,
+    StepState,
+    get_steps,
+    load_summary,
+    retry_selection,
+)
+from console.bringup.model import Command, Phase, Step
+from console.bringup.runner import OutputLine, StateChanged
 from console.cli import main
-from console.cluster import load_cluster
-from console.pool import Pool
-from console.steps import Runner, SetupOptions, StepState, get_steps, load_summary, retry_selection
-from console.steps.model import Command, Phase, Step
-from console.steps.runner import OutputLine, StateChanged
+from console.cluster.model import load_cluster
+from console.ssh.pool import Pool
 
 
 def build_wheel(directory: Path) -> Path:

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from textual.widgets import Log, Static
 
-from console.cluster import Cluster, Node, load_cluster
-from console.pool import Pool
-from console.steps import CATALOG, RunSummary, SetupOptions, StepState
-from console.steps.runner import OutputLine, Runner, StateChanged
+from console.bringup import CATALOG, RunSummary, SetupOptions, StepState
+from console.bringup.runner import OutputLine, Runner, StateChanged
+from console.cluster.model import Cluster, Node, load_cluster
+from console.ssh.pool import Pool
 from screens.app import SVConsoleApp
 from screens.messages import SetupRunProgress, SetupSudoChecked
 from screens.setup import NOTHING_TO_DO, SetupScreen

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from console.cluster import load_cluster
-from console.steps import edits
-from console.steps.catalog import CATALOG, get_steps, sysctl_settings
-from console.steps.measure import flag_slow, latency_verdict
-from console.steps.model import (
+from console.bringup import edits
+from console.bringup.catalog import CATALOG, get_steps, sysctl_settings
+from console.bringup.measure import flag_slow, latency_verdict
+from console.bringup.model import (
     EXIT_NOT_APPLICABLE,
     Command,
     Phase,
@@ -27,7 +26,8 @@ from console.steps.model import (
     StepContext,
     nccl_env_file,
 )
-from console.steps.runner import order_steps
+from console.bringup.runner import order_steps
+from console.cluster.model import load_cluster
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 BIN = str(Path(sys.executable).parent)
@@ -67,7 +67,7 @@ def run(command: Command) -> subprocess.CompletedProcess[str]:
 
 
 def edit_commands(commands: list[Command]) -> list[Command]:
-    return [c for c in commands if c.stdin_name == "console/steps/edits.py"]
+    return [c for c in commands if c.stdin_name == "console/bringup/edits.py"]
 
 
 def ctx(cluster, node: str, options: SetupOptions, gathered=None) -> StepContext:

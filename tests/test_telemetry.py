@@ -1,4 +1,4 @@
-"""console/telemetry.py: the parser on the real H200 readings, rings, the 6.1 thresholds, the
+"""console/gpu/telemetry.py: the parser on the real H200 readings, rings, the 6.1 thresholds, the
 overview, and collectors running the real agent over the loopback cluster (real sshd)."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from console.cluster import load_cluster
-from console.pool import Pool
-from console.telemetry import (
+from console.cluster.model import load_cluster
+from console.gpu.telemetry import (
     Collector,
     Level,
     NodeStatus,
@@ -27,6 +26,7 @@ from console.telemetry import (
     parse_sample,
     parse_smi_csv,
 )
+from console.ssh.pool import Pool
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h200"
 QUERY_FIELDS = ("index,uuid,name,pci.bus_id,driver_version,memory.total,memory.used,utilization.gpu,"

@@ -23,14 +23,14 @@ from textual.notifications import Notify
 
 import screens.app
 import screens.training as training_screen
-from console.cluster import Cluster, Node, load_cluster
-from console.follow import Position, RunUpdate
-from console.launch import LaunchOptions, NodeInfo, build_plan
-from console.logparse import LogParser, TrainStep, ValResult, parse_file
-from console.metrics import MetricsStore
-from console.pool import Pool
-from console.profile import default_profile
-from console.runs import NodeRun, RunRecord, index_record
+from console.cluster.model import Cluster, Node, load_cluster
+from console.ssh.pool import Pool
+from console.training.follow import Position, RunUpdate
+from console.training.launch import LaunchOptions, NodeInfo, build_plan
+from console.training.logparse import LogParser, TrainStep, ValResult, parse_file
+from console.training.metrics import MetricsStore
+from console.training.profile import default_profile
+from console.training.runs import NodeRun, RunRecord, index_record
 from screens.app import SVConsoleApp
 from screens.gpus import GPUsScreen
 from screens.messages import MetricsExported, RunProgress
@@ -487,7 +487,7 @@ async def test_tiny_sensevoice_launched_through_the_screen(fresh_loopback, tmp_p
     mid-run, a new one reattaches on its own and sees the run finish."""
     from test_launch import _needs_training_stack, tagged, tiny_profile, train_rows
 
-    from console import runs
+    from console.training import runs
 
     _needs_training_stack()
     from svconsole_scripts import tiny_sensevoice

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from console.bringup import Runner, SetupOptions, StepState
+from console.bringup.measure import MASTER_PORT, STEPS
+from console.bringup.model import nccl_env_file
 from console.cli import main
-from console.cluster import load_cluster
-from console.pool import Pool
-from console.steps import Runner, SetupOptions, StepState
-from console.steps.measure import MASTER_PORT, STEPS
-from console.steps.model import nccl_env_file
+from console.cluster.model import load_cluster
+from console.ssh.pool import Pool
 
 
 def test_collective_bandwidth_over_gloo_between_two_nodes(loopback, tmp_path) -> None:

@@ -35,11 +35,11 @@ from walk import (
     walkthrough_blocks,
 )
 
-from console import runs
-from console.cluster import load_cluster
-from console.logparse import TrainStep, parse_file
-from console.loopback import LoopbackCluster, LoopbackError
-from console.pool import Pool
+from console.cluster.model import load_cluster
+from console.ssh.loopback import LoopbackCluster, LoopbackError
+from console.ssh.pool import Pool
+from console.training import runs
+from console.training.logparse import TrainStep, parse_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

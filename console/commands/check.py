@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 from console.cli import EXIT_FAILED, EXIT_OK, Context
 
 if TYPE_CHECKING:
-    from console.cluster import Cluster
-    from console.inventory import Report
-    from console.pool import Pool
+    from console.cluster.inventory import Report
+    from console.cluster.model import Cluster
+    from console.ssh.pool import Pool
 
 #: Columns of the node table: header and how wide.
 COLUMNS = (("NODE", 10), ("HOST", 15), ("STATE", 12), ("GPUS", 22), ("DRIVER", 11),
@@ -53,8 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def collect(pool: Pool, cluster: Cluster, state_dir: Path | None = None,
             timeout: float | None = None, torch: bool = True) -> tuple[dict, Report]:
     """Probe every node (cached facts for the unreachable ones) and judge them."""
-    from console.inventory import assess
-    from console.probe import PROBE_TIMEOUT, TORCH_TIMEOUT, FactsCache, probe_all
+    from console.cluster.inventory import assess
+    from console.cluster.probe import PROBE_TIMEOUT, TORCH_TIMEOUT, FactsCache, probe_all
 
     cache = FactsCache(state_dir, cluster.name) if state_dir is not None else None
     facts = probe_all(pool, cluster, cache=cache, timeout=timeout or PROBE_TIMEOUT,
@@ -79,7 +79,7 @@ def report_json(facts: dict, report: Report) -> dict[str, Any]:
 
 
 def _state(report_node: Any, now: float) -> str:
-    from console.inventory import age_text
+    from console.cluster.inventory import age_text
 
     f = report_node.facts
     if f.ok:
@@ -90,7 +90,7 @@ def _state(report_node: Any, now: float) -> str:
 
 
 def _row(cluster: Cluster, name: str, rep: Any, now: float) -> list[str]:
-    from console.inventory import consistency_values
+    from console.cluster.inventory import consistency_values
 
     f = rep.facts
     host = cluster.node(name).host if name in cluster.names() else "?"
@@ -127,7 +127,7 @@ def render(cluster: Cluster, report: Report, out: TextIO, now: float | None = No
 
 
 def handler(args: argparse.Namespace, ctx: Context) -> int:
-    from console.inventory import Verdict
+    from console.cluster.inventory import Verdict
 
     facts, report = collect(ctx.pool, ctx.cluster, ctx.state_dir, args.timeout,
                             not args.no_torch)

@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 
 from console.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context
-from console.telemetry import SIMULATION_FIXTURE
+from console.gpu.telemetry import SIMULATION_FIXTURE
 
 #: Where Prometheus finds the exporter by default: this machine only.
 DEFAULT_PORT = 9877

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from console.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context
-from console.telemetry import SIMULATION_FIXTURE
+from console.gpu.telemetry import SIMULATION_FIXTURE
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -111,7 +111,7 @@ def render_text(records: dict[str, dict], ov: Any) -> str:
 
 
 def handler(args: argparse.Namespace, ctx: Context) -> int:
-    from console.telemetry import Telemetry, TelemetryUpdate
+    from console.gpu.telemetry import Telemetry, TelemetryUpdate
 
     if args.interval <= 0:
         print("svconsole gpus: --interval must be > 0", file=sys.stderr)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from console.atomic import atomic_write, backup_path
 from console.cli import EXIT_OK, Context
-from console.cluster import (
+from console.cluster.model import (
     ClusterEditor,
     cluster_from_hostfile,
     export_hostfile,

@@ -30,7 +30,7 @@ from console.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context
 from console.commands.runs import confirm
 
 ENTRIES = ("train_ds", "cpu-wrapper")
-"""console.launch.ENTRIES, repeated here so that ``--help`` does not import the engine."""
+"""console.training.launch.ENTRIES, repeated here so that ``--help`` does not import the engine."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -76,7 +76,7 @@ def _env(pairs: list[str]) -> dict[str, str]:
 def handler(args: argparse.Namespace, ctx: Context) -> int:
     from dataclasses import replace
 
-    from console.launch import (
+    from console.training.launch import (
         LaunchError,
         LaunchOptions,
         launch,
@@ -84,14 +84,14 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
         resume_options,
         resume_profile,
     )
-    from console.profile import (
+    from console.training.profile import (
         ProfileError,
         default_profile,
         ds_config_path_for,
         load_profile,
         profile_path_for,
     )
-    from console.runs import RunNotFound, resolve_run
+    from console.training.runs import RunNotFound, resolve_run
 
     try:
         env = _env(args.env)

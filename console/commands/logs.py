@@ -27,8 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handler(args: argparse.Namespace, ctx: Context) -> int:
-    from console.follow import FollowError, LogFollower, read_run
-    from console.runs import RunNotFound, resolve_run
+    from console.training.follow import FollowError, LogFollower, read_run
+    from console.training.runs import RunNotFound, resolve_run
 
     try:
         record = resolve_run(ctx.pool, ctx.state_dir, args.run)

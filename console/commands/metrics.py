@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from console.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context
-from console.faults import Severity
-from console.logparse import Event, Unparsed, parse_file
-from console.metrics import MetricsStore, json_safe
+from console.training.faults import Severity
+from console.training.logparse import Event, Unparsed, parse_file
+from console.training.metrics import MetricsStore, json_safe
 
 #: Columns that lead the CSV; the others follow in the order they first appear.
 LEAD_COLUMNS = ("node", "line", "kind", "rank", "time", "epoch", "max_epoch", "total_step",
@@ -106,8 +106,8 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
 
 def _read_run(run: str, parsed: _Parsed, ctx: Context, *, keep_unparsed: bool) -> str | None:
     """Read a launched run's logs from its nodes; the error text, or None."""
-    from console.follow import FollowError, read_run
-    from console.runs import RunNotFound, resolve_run
+    from console.training.follow import FollowError, read_run
+    from console.training.runs import RunNotFound, resolve_run
 
     try:
         record = resolve_run(ctx.pool, ctx.state_dir, run)

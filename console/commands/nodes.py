@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handler(args: argparse.Namespace, ctx: Context) -> int:
-    from console.pool import NodeState
+    from console.ssh.pool import NodeState
 
     cluster = ctx.cluster
     statuses = ctx.pool.ping_all(deadline=cluster.ssh.connect_timeout)

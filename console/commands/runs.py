@@ -30,7 +30,7 @@ def confirm(ctx: Context, question: str) -> bool:
 
 
 def handler(args: argparse.Namespace, ctx: Context) -> int:
-    from console.runs import find_runs
+    from console.training.runs import find_runs
 
     statuses = find_runs(ctx.pool, ctx.state_dir, live_only=args.live)
     if args.json:

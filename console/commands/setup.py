@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 from console.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context
 
 if TYPE_CHECKING:
-    from console.steps.model import SetupOptions
-    from console.steps.runner import Runner
+    from console.bringup.model import SetupOptions
+    from console.bringup.runner import Runner
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,8 +68,8 @@ def split(text: str | None) -> list[str] | None:
 
 
 def options_from(args: argparse.Namespace) -> SetupOptions:
-    from console.steps.model import SetupOptions
-    from console.steps.profiles import get_profile
+    from console.bringup.model import SetupOptions
+    from console.bringup.profiles import get_profile
 
     get_profile(args.profile)  # ValueError naming the known ones
     return SetupOptions(profile=args.profile, env_path=args.env_path,
@@ -78,10 +78,10 @@ def options_from(args: argparse.Namespace) -> SetupOptions:
 
 
 def handler(args: argparse.Namespace, ctx: Context) -> int:
-    from console.steps.catalog import STEPS, get_steps
-    from console.steps.model import Phase
-    from console.steps.report import catalog_text
-    from console.steps.runner import Runner, load_summary, retry_selection
+    from console.bringup.catalog import STEPS, get_steps
+    from console.bringup.model import Phase
+    from console.bringup.report import catalog_text
+    from console.bringup.runner import Runner, load_summary, retry_selection
 
     if args.list:
         print(catalog_text(STEPS), file=ctx.out)
@@ -115,7 +115,7 @@ def usage(message: str) -> int:
 
 def execute(runner: Runner, args: argparse.Namespace, ctx: Context, *, confirm: bool) -> int:
     """Dry-run or run ``runner`` as the arguments say; print the outcome; the exit code."""
-    from console.steps.report import live_printer, plan_json, plan_text, summary_text
+    from console.bringup.report import live_printer, plan_json, plan_text, summary_text
 
     if args.dry_run:
         planned = runner.dry_run()

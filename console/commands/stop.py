@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handler(args: argparse.Namespace, ctx: Context) -> int:
-    from console.runs import RunNotFound, resolve_run, run_status, stop_run
+    from console.training.runs import RunNotFound, resolve_run, run_status, stop_run
 
     try:
         record = resolve_run(ctx.pool, ctx.state_dir, args.run)

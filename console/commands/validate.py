@@ -19,10 +19,10 @@ import json
 import sys
 from pathlib import Path
 
-from console import dsconfig
 from console.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context
-from console.dsconfig import ClusterSpec, Finding, Report
-from console.profile import (
+from console.training import dsconfig
+from console.training.dsconfig import ClusterSpec, Finding, Report
+from console.training.profile import (
     ProfileError,
     TrainingProfile,
     default_profile,
@@ -121,7 +121,7 @@ def _inventory(ctx: Context, profile: TrainingProfile
                ) -> tuple[ClusterSpec | None, list[Finding]]:
     """The cluster as probed now, and the data lists looked for on every node."""
     try:
-        from console.probe import probe_all
+        from console.cluster.probe import probe_all
     except ImportError:
         return None, []
     facts = probe_all(ctx.pool, ctx.cluster)

@@ -36,9 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handler(args: argparse.Namespace, ctx: Context) -> int:
-    from console.steps.measure import MEASUREMENTS, STEPS
-    from console.steps.model import SetupOptions
-    from console.steps.runner import Runner
+    from console.bringup.measure import MEASUREMENTS, STEPS
+    from console.bringup.model import SetupOptions
+    from console.bringup.runner import Runner
 
     known = MEASUREMENTS
     ids = split(args.steps) or [s.id for s in STEPS]

@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from console.atomic import atomic_write
-from console.cluster import Cluster
-from console.steps.model import (
+from console.bringup.model import (
     EXIT_NEEDS_REBOOT,
     EXIT_NOT_APPLICABLE,
     Command,
@@ -35,10 +34,11 @@ from console.steps.model import (
     StepContext,
     StepState,
 )
+from console.cluster.model import Cluster
 from console.subscribers import Subscribers
 
 if TYPE_CHECKING:
-    from console.pool import Pool
+    from console.ssh.pool import Pool
 
 SUMMARY = "summary.json"
 RETRY_STATES = (StepState.FAILED, StepState.BLOCKED, StepState.NEEDS_REBOOT)
@@ -495,7 +495,7 @@ class Runner:
     def _sudo_mode(self, node: str) -> str:
         """"root", "nopass" or "password": how root steps run on ``node`` (asked once)."""
         if node not in self._sudo:
-            from console.pool import SUDO_PROBE
+            from console.ssh.pool import SUDO_PROBE
 
             result = self.pool.run(node, SUDO_PROBE, timeout=30)
             words = [w for w in result.stdout.split() if w in ("root", "nopass", "password")]

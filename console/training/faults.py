@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from console.logparse import parse_line
+from console.training.logparse import parse_line
 
 
 class Severity(str, Enum):

@@ -28,7 +28,7 @@ from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.scalarbool import ScalarBoolean
 
 from console.atomic import atomic_write
-from console.cluster import ConfigIssue
+from console.cluster.model import ConfigIssue
 
 #: Name of the profile file beside ``cluster.yaml``.
 PROFILE_NAME = "training.yaml"

@@ -28,9 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from console.cluster import Cluster
-from console.remote import script_path
-from console.steps.model import (
+from console.bringup.model import (
     Emit,
     MeasureResult,
     NodeOutcome,
@@ -41,9 +39,11 @@ from console.steps.model import (
     nccl_env_file,
     says,
 )
+from console.cluster.model import Cluster
+from console.ssh.remote import script_path
 
 if TYPE_CHECKING:
-    from console.pool import Pool, Result
+    from console.ssh.pool import Pool, Result
 
 q = shlex.quote
 T = TypeVar("T")
@@ -313,7 +313,7 @@ def check_master_port(pool: Pool, cluster: Cluster, nodes: list[str], options: S
 
 def _put_script(pool: Pool, node: str, name: str) -> str:
     """Copy ``scripts/<name>`` to the node (a per-node path: loopback nodes share /tmp)."""
-    from console.pool import RemoteError
+    from console.ssh.pool import RemoteError
 
     remote = f"/tmp/svconsole-{node}/{name}"
     try:

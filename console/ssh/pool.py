@@ -3,7 +3,7 @@
 Each node gets one persistent SSH connection for the whole process, opened lazily under that
 node's lock and reused for every command as a new channel on its transport. Connections are built
 as ``fabric.Connection`` objects (user, port, identity file, jump host as a shared gateway), with
-svconsole's own host-key policy (:mod:`console.hostkeys`) instead of fabric's AutoAddPolicy.
+svconsole's own host-key policy (:mod:`console.ssh.hostkeys`) instead of fabric's AutoAddPolicy.
 Commands run on channels the pool drives itself (``Connection.run`` keeps all output in memory).
 
 Nothing here raises for a remote or connection failure: :meth:`Pool.run` returns a
@@ -34,8 +34,8 @@ from types import TracebackType
 import fabric
 import paramiko
 
-from console.cluster import Cluster, Node
-from console.hostkeys import AcceptedKey, HostKeyUnknown, KnownHosts, changed_reason
+from console.cluster.model import Cluster, Node
+from console.ssh.hostkeys import AcceptedKey, HostKeyUnknown, KnownHosts, changed_reason
 from console.subscribers import Subscribers
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from console.cluster import Cluster, Node
-    from console.probe import GPUInfo, NodeFacts
+    from console.cluster.model import Cluster, Node
+    from console.cluster.probe import GPUInfo, NodeFacts
 
 
 # ---------------------------------------------------------------- tables

@@ -1,6 +1,6 @@
 """The bring-up catalog: the seed guide's sections 3 and 7.1 as steps, without its mistakes.
 
-Every step is data (:class:`console.steps.model.Step`); its commands are built from the cluster
+Every step is data (:class:`console.bringup.model.Step`); its commands are built from the cluster
 and the options, so a dry run shows exactly what each node will run. What differs from the
 seed, on purpose: no ``tcp_congestion_control=rdma`` (Linux has no such algorithm), the shared
 directory belongs to a group with mode 2775 instead of ``chmod 777``, the NFS export names the
@@ -14,9 +14,8 @@ import re
 import shlex
 from pathlib import Path, PurePosixPath
 
-from console.cluster import Cluster
-from console.steps import measure
-from console.steps.model import (
+from console.bringup import measure
+from console.bringup.model import (
     EXIT_NEEDS_REBOOT,
     EXIT_NOT_APPLICABLE,
     Command,
@@ -28,11 +27,12 @@ from console.steps.model import (
     nccl_env_file,
     says,
 )
-from console.steps.profiles import get_profile
+from console.bringup.profiles import get_profile
+from console.cluster.model import Cluster
 
 q = shlex.quote
 APT = "DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600"
-EDITS_NAME = "console/steps/edits.py"
+EDITS_NAME = "console/bringup/edits.py"
 
 
 def node_program(name: str) -> str:
@@ -155,7 +155,7 @@ def _requirements(ctx: StepContext) -> tuple[str, ...]:
 def _packages_check(ctx: StepContext) -> list[Command]:
     reqs = " ".join(q(r) for r in _requirements(ctx))
     return [Command(f"{env_python(ctx)} - {reqs}", stdin=node_program("reqcheck.py"),
-                    stdin_name="console/steps/reqcheck.py")]
+                    stdin_name="console/bringup/reqcheck.py")]
 
 
 def _packages_apply(ctx: StepContext) -> list[Command]:

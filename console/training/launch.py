@@ -17,7 +17,7 @@ file ``<output_dir>/logs/<node>.log`` on the shared storage. ENTRY is ``train_ds
 CUDA; it adds ``++device=cpu ++backend=gloo``), copied to ``<output_dir>/svconsole/``.
 
 :func:`launch` writes the run record, then starts every node's process group detached (it
-outlives the console and the SSH connection) and returns the :class:`console.runs.RunRecord`.
+outlives the console and the SSH connection) and returns the :class:`console.training.runs.RunRecord`.
 :func:`resume_profile` gives a finished or stopped run's profile with ``train_conf.resume=true``:
 launched again, FunASR continues from ``output_dir/model.pt``.
 """
@@ -32,12 +32,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from console import dsconfig
-from console.cluster import Cluster
-from console.pool import Pool, RemoteError
-from console.profile import TrainingProfile, parse_profile
-from console.remote import script_text
-from console.runs import (
+from console.bringup.model import nccl_env_file
+from console.cluster.model import Cluster
+from console.ssh.pool import Pool, RemoteError
+from console.ssh.remote import script_text
+from console.training import dsconfig
+from console.training.profile import TrainingProfile, parse_profile
+from console.training.runs import (
     NodeRun,
     RunRecord,
     new_run_id,
@@ -45,7 +46,6 @@ from console.runs import (
     save_record,
     stop_run,
 )
-from console.steps.model import nccl_env_file
 
 Entry = Literal["train_ds", "cpu-wrapper"]
 ENTRIES: tuple[Entry, ...] = ("train_ds", "cpu-wrapper")

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 from svconsole_scripts import probe as node_probe
 
 from console.atomic import atomic_write
-from console.remote import script_text
+from console.ssh.remote import script_text
 
 if TYPE_CHECKING:
-    from console.cluster import Cluster
-    from console.pool import NodeStatus, Pool, Result
+    from console.cluster.model import Cluster
+    from console.ssh.pool import NodeStatus, Pool, Result
 
 log = logging.getLogger(__name__)
 

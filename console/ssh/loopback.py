@@ -573,18 +573,18 @@ class LoopbackCluster:
 
     def _is_guard(self, pid: int, start_time: int) -> bool:
         cmdline = " ".join(_cmdline(pid)) + " "
-        return _alive(pid, start_time) and f" console.loopback guard {self.directory} " in cmdline
+        return _alive(pid, start_time) and f" console.ssh.loopback guard {self.directory} " in cmdline
 
     def _start_guard(self) -> None:
         if self._guard and self._is_guard(*self._guard):
             return
         owner = os.getpid()
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             p for p in (root, os.environ.get("PYTHONPATH")) if p))
         with open(self.directory / "guard.log", "ab") as log:
             self._guard_proc = subprocess.Popen(
-                [sys.executable, "-m", "console.loopback", "guard", str(self.directory),
+                [sys.executable, "-m", "console.ssh.loopback", "guard", str(self.directory),
                  str(owner), str(_stat(owner)[2])],  # type: ignore[index]
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                 start_new_session=True)

@@ -5,12 +5,12 @@ reconnects, into the run's metrics store; subscribers get coalesced updates.
 from the offset and sends only complete lines, each with the byte offset just after it
 (``@svcL <end> <text>``), a heartbeat when the file is quiet, and an end marker once the run on
 that node has exited and every byte was sent. The console side feeds each line to a
-:class:`console.logparse.LogParser` and keeps the offset the node reported; when the connection
+:class:`console.training.logparse.LogParser` and keeps the offset the node reported; when the connection
 drops (or the heartbeats stop: a hung node), it reconnects with backoff and asks again from the
 last complete line's offset, so no line is lost or repeated.
 
-:class:`RunFollower` follows every node of a run (:class:`console.runs.RunRecord`) into one
-:class:`console.metrics.MetricsStore` (which also scans the lines against the fault catalog and
+:class:`RunFollower` follows every node of a run (:class:`console.training.runs.RunRecord`) into one
+:class:`console.training.metrics.MetricsStore` (which also scans the lines against the fault catalog and
 keeps the event feed) and hands :class:`RunUpdate` s to subscribers at most every ``interval``
 seconds, however fast lines arrive. Callbacks run on the follower's dispatch thread.
 
@@ -27,11 +27,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from console.logparse import Event, LogParser
-from console.metrics import MetricsStore
-from console.pool import Pool, Stream
-from console.runs import PREFIX, NodeRun, RunRecord, node_args, node_stream
+from console.ssh.pool import Pool, Stream
 from console.subscribers import Subscribers
+from console.training.logparse import Event, LogParser
+from console.training.metrics import MetricsStore
+from console.training.runs import PREFIX, NodeRun, RunRecord, node_args, node_stream
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The metrics of one training run, fed by parsed log events, bounded in memory.
 
-:class:`MetricsStore` takes :mod:`console.logparse` events (from any node, in any order of
+:class:`MetricsStore` takes :mod:`console.training.logparse` events (from any node, in any order of
 ranks) and keeps, per rank and total step, the loss, learning rate, FunASR's stats list, its
 timings and GPU memory; validation losses; DeepSpeed's gradient synchronisation time; an event
 feed (validation, checkpoints, best model, early stopping, errors) and the faults seen.
@@ -24,7 +24,7 @@ result read twice is not charted twice.
 Derived figures: the mean train loss over ranks per step, the step time (FunASR's measured
 ``total_time``, else the time between successive lines), throughput, an ETA from the measured step
 time, per-rank status (last step, loss, step time, GPU memory, seconds since its last line),
-and the detectors of :mod:`console.faults` (loss spikes, stalled ranks, slow gradient sync, low GPU
+and the detectors of :mod:`console.training.faults` (loss spikes, stalled ranks, slow gradient sync, low GPU
 utilisation). Exports: CSV, JSON (nan as null) and PNG (matplotlib, imported when needed).
 
 The store is thread-safe: followers add from their threads while a screen reads.
@@ -47,10 +47,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
-from console import faults
 from console.atomic import atomic_write
-from console.faults import Finding, FindingCollector
-from console.logparse import (
+from console.training import faults
+from console.training.faults import Finding, FindingCollector
+from console.training.logparse import (
     BestModel,
     CheckpointSaved,
     DeepSpeedTimers,

@@ -19,7 +19,7 @@ why and proposes a fix. The layers:
     The real cluster (:class:`ClusterSpec`, from the inventory or from overrides): bf16 needs
     compute capability 8.0 on every GPU; the memory estimate (:func:`estimate_memory`) against
     each GPU with the seed's 85% / 95% thresholds; output_dir on shared storage; known
-    incompatibilities of the installed versions (``console.faults``). The data files are checked
+    incompatibilities of the installed versions (``console.training.faults``). The data files are checked
     by :func:`check_data_on_nodes` / :func:`check_jsonl`, which need I/O.
 
 Importing deepspeed takes seconds (it imports torch): it happens once, on first use, or ahead
@@ -49,9 +49,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal, Protocol
 
-from console import faults
 from console.atomic import atomic_write
-from console.profile import TrainingProfile
+from console.training import faults
+from console.training.profile import TrainingProfile
 
 Severity = Literal["error", "warning", "info"]
 Layer = Literal["json", "deepspeed", "matrix", "cluster"]
@@ -740,7 +740,7 @@ class ClusterSpec:
 
     @classmethod
     def from_facts(cls, cluster: Any, facts: Mapping[str, Any]) -> ClusterSpec:
-        """From ``console.cluster.Cluster`` and the probe's ``NodeFacts`` per node. A node's
+        """From ``console.cluster.model.Cluster`` and the probe's ``NodeFacts`` per node. A node's
         ``gpus`` list in cluster.yaml restricts it to those GPU indices."""
         nodes, notes = [], []
         for node in cluster.nodes:
@@ -1117,7 +1117,7 @@ def _output_dir(profile: TrainingProfile, cluster: ClusterSpec) -> list[Finding]
 
 
 def _incompatibilities(data: Mapping[str, Any], cluster: ClusterSpec) -> list[Finding]:
-    """Known failures of this config with the nodes' versions (``console.faults``' catalog).
+    """Known failures of this config with the nodes' versions (``console.training.faults``' catalog).
     A failure whose versions are not known is a warning (unconfirmed), not an error."""
     by_versions: dict[tuple[tuple[str, str], ...], list[str]] = {}
     for node in cluster.nodes:
@@ -1208,7 +1208,7 @@ def check_jsonl(path: str | Path, sample: int = 200) -> str | None:
 
 
 class RunResult(Protocol):
-    """What :func:`check_data_on_nodes` needs of a command's result (``console.pool.Result``)."""
+    """What :func:`check_data_on_nodes` needs of a command's result (``console.ssh.pool.Result``)."""
 
     @property
     def ok(self) -> bool: ...

@@ -8,7 +8,7 @@ from pathlib import Path
 
 def script_path(name: str) -> Path:
     """Path of a node-side program shipped in ``scripts/`` (package ``svconsole_scripts``)."""
-    here = Path(__file__).resolve().parent.parent / "scripts" / name
+    here = Path(__file__).resolve().parents[2] / "scripts" / name
     if here.exists():
         return here
     return Path(str(resources.files("svconsole_scripts").joinpath(name)))

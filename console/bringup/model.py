@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
 
-from console.cluster import Cluster, Node
+from console.cluster.model import Cluster, Node
 
 if TYPE_CHECKING:
-    from console.pool import Pool
+    from console.ssh.pool import Pool
 
 EXIT_NEEDS_REBOOT = 100
 EXIT_NOT_APPLICABLE = 101
@@ -83,7 +83,7 @@ class SetupOptions:
     lets nodes that share one filesystem (the loopback cluster) keep separate copies."""
 
     profile: str = "current"
-    """Package profile installed into the training environment (see ``console.steps.profiles``)."""
+    """Package profile installed into the training environment (see ``console.bringup.profiles``)."""
     env_path: str | None = None
     """Training environment directory; default: the one holding ``cluster.python``, else
     ``~/sensevoice-env``."""

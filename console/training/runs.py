@@ -1,6 +1,6 @@
 """Training runs: their records, finding them again, their state on every node, stopping them.
 
-A launch (:mod:`console.launch`) leaves, per node, a detached supervisor process group that runs
+A launch (:mod:`console.training.launch`) leaves, per node, a detached supervisor process group that runs
 torchrun (``scripts/launch_node.py``). A :class:`RunRecord` remembers what was started where:
 the plan, the profile, and for every node the supervisor's pid (its process group), the log file
 and the byte offset where this run's output starts in it. The record is written atomically to
@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from console.atomic import atomic_write
-from console.cluster import Cluster
-from console.pool import Pool, Stream
-from console.remote import script_text
+from console.cluster.model import Cluster
+from console.ssh.pool import Pool, Stream
+from console.ssh.remote import script_text
 
 NODE_SCRIPT = "launch_node.py"
 RECORD_NAME = "svconsole-run.json"
@@ -205,7 +205,7 @@ def index_dir(state_dir: Path) -> Path:
 
 def save_record(pool: Pool, record: RunRecord, state_dir: Path) -> None:
     """Write the record to output_dir (through its master node) and to the local index, both
-    atomically. Raises ``console.pool.RemoteError`` when the shared copy cannot be written."""
+    atomically. Raises ``console.ssh.pool.RemoteError`` when the shared copy cannot be written."""
     index_record(record, state_dir)
     pool.put(record.master, record.to_json().encode(), record.record_path)
 

@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from console.steps.model import Step
-from console.steps.profiles import PROFILES
-from console.steps.runner import OutputLine, PlannedCell, RunEvent, RunSummary, StateChanged
+from console.bringup.model import Step
+from console.bringup.profiles import PROFILES
+from console.bringup.runner import OutputLine, PlannedCell, RunEvent, RunSummary, StateChanged
 
 
 def plan_text(planned: Sequence[PlannedCell]) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from console.remote import script_path
+from console.ssh.remote import script_path
 from console.subscribers import Subscribers
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ AGENT = "gpu_agent.py"
 CACHE_DIR = ".cache/svconsole"
 
 #: Real readings of one H200 (NVML, idle and 12 s under load) replayed by ``--simulate``.
-SIMULATION_FIXTURE = Path(__file__).resolve().parent / "data" / "h200-nvml.json"
+SIMULATION_FIXTURE = Path(__file__).resolve().parents[1] / "data" / "h200-nvml.json"
 
 
 # ---------------------------------------------------------------------------- samples
@@ -379,7 +379,7 @@ Subscriber = Callable[[TelemetryUpdate], None]
 
 
 def feed_utilisation(store: Any, update: TelemetryUpdate) -> None:
-    """Put an update's GPU utilisation into a run's :class:`console.metrics.MetricsStore`, where
+    """Put an update's GPU utilisation into a run's :class:`console.training.metrics.MetricsStore`, where
     the seed's "GPU utilisation below 50% through a run" fault is judged."""
     sample = update.sample
     if sample is None:
