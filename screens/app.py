@@ -67,11 +67,10 @@ class SVConsoleApp(App[int]):
         """The console's one GPU agent per node (started on first use, by the GPUs screen or a
         followed training run); stopped when the app exits or the cluster changes."""
         if self._telemetry is None:
-            from console.gpu.telemetry import Telemetry
-            from screens.gpus import simulation_fixture
+            from console.gpu.telemetry import Telemetry, simulation_fixture
 
             try:
-                simulate = simulation_fixture(self)
+                simulate = simulation_fixture(self.gpu_simulate)
             except ValueError as exc:
                 self.notify(str(exc), severity="error", timeout=15)
                 simulate = None

@@ -16,12 +16,10 @@ SIMULATED.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -51,8 +49,6 @@ if TYPE_CHECKING:
     from console.training.metrics import RankStatus
     from console.training.runs import RunRecord
 
-#: Environment variable naming an ``nvml.json`` fixture to replay instead of reading GPUs.
-SIMULATE_ENV = "SVCONSOLE_GPU_SIMULATE"
 #: Points of history kept per GPU for the sparklines (the collectors keep an hour).
 SPARK_POINTS = 120
 #: The panels re-render at most this often (seconds).
@@ -64,20 +60,6 @@ def follow_telemetry(target: MessagePump, telemetry: Telemetry) -> Callable[[], 
     """Post a :class:`GPUTelemetry` to ``target`` for every collector update (thread-safe);
     returns the unsubscribe function."""
     return telemetry.subscribe(lambda update: target.post_message(GPUTelemetry(update)))
-
-
-def simulation_fixture(app: object, environ: Mapping[str, str] = os.environ) -> Path | None:
-    """The fixture to replay, from the app's ``gpu_simulate`` attribute, else from
-    ``SVCONSOLE_GPU_SIMULATE``; None for real GPUs. Raises ValueError naming the variable when
-    the file does not exist."""
-    chosen = getattr(app, "gpu_simulate", None) or environ.get(SIMULATE_ENV) or None
-    if chosen is None:
-        return None
-    path = Path(chosen).expanduser()
-    if not path.is_file():
-        raise ValueError(f"{SIMULATE_ENV}={chosen}: no such file (give an nvml.json fixture, "
-                         "e.g. tests/fixtures/h200/nvml.json)")
-    return path
 
 
 # ---------------------------------------------------------------------------- model

@@ -36,7 +36,7 @@ from console.training.metrics import RankStatus
 from console.training.runs import NodeRun, RunRecord
 from screens.app import SVConsoleApp
 from screens.gpu_widgets import LEVEL_STYLES, UNJUDGED_STYLE, HeatGrid, short_name
-from screens.gpus import GPUsScreen, simulation_fixture
+from screens.gpus import GPUsScreen
 from screens.messages import GPUTelemetry, RunFollowed
 
 H200 = Path(__file__).parent / "fixtures" / "h200"
@@ -417,16 +417,14 @@ async def test_a_burst_of_samples_collapses_but_a_status_never_hides_a_sample(th
 
 
 def test_simulation_is_chosen_by_env_or_app_attribute(tmp_path):
-    class App:
-        gpu_simulate = None
+    from console.gpu.telemetry import simulation_fixture
 
-    assert simulation_fixture(App(), {}) is None
+    assert simulation_fixture(None, {}) is None
     env = {"SVCONSOLE_GPU_SIMULATE": str(H200 / "nvml.json")}
-    assert simulation_fixture(App(), env) == H200 / "nvml.json"
-    App.gpu_simulate = str(H200 / "nvml.json")
-    assert simulation_fixture(App(), {}) == H200 / "nvml.json"
+    assert simulation_fixture(None, env) == H200 / "nvml.json"
+    assert simulation_fixture(str(H200 / "nvml.json"), {}) == H200 / "nvml.json"
     with pytest.raises(ValueError, match="SVCONSOLE_GPU_SIMULATE=.*nope.json: no such file"):
-        simulation_fixture(object(), {"SVCONSOLE_GPU_SIMULATE": str(tmp_path / "nope.json")})
+        simulation_fixture(None, {"SVCONSOLE_GPU_SIMULATE": str(tmp_path / "nope.json")})
 
 
 # -------------------------------------------------------------------------- snapshots

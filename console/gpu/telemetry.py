@@ -15,11 +15,12 @@ import importlib.util
 import json
 import logging
 import math
+import os
 import shlex
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
@@ -37,6 +38,22 @@ CACHE_DIR = ".cache/svconsole"
 
 #: Real readings of one H200 (NVML, idle and 12 s under load) replayed by ``--simulate``.
 SIMULATION_FIXTURE = Path(__file__).resolve().parents[1] / "data" / "h200-nvml.json"
+#: Environment variable naming an ``nvml.json`` fixture to replay instead of reading GPUs.
+SIMULATE_ENV = "SVCONSOLE_GPU_SIMULATE"
+
+
+def simulation_fixture(chosen: str | os.PathLike[str] | None,
+                       environ: Mapping[str, str] = os.environ) -> Path | None:
+    """The fixture to replay: ``chosen`` (``--simulate-gpus``), else ``SVCONSOLE_GPU_SIMULATE``;
+    None for real GPUs. Raises ValueError naming the variable when the file does not exist."""
+    chosen = chosen or environ.get(SIMULATE_ENV) or None
+    if chosen is None:
+        return None
+    path = Path(chosen).expanduser()
+    if not path.is_file():
+        raise ValueError(f"{SIMULATE_ENV}={chosen}: no such file (give an nvml.json fixture, "
+                         "e.g. tests/fixtures/h200/nvml.json)")
+    return path
 
 
 # ---------------------------------------------------------------------------- samples
