@@ -23,8 +23,9 @@ import itertools
 import json
 import shlex
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -311,16 +312,33 @@ def check_master_port(pool: Pool, cluster: Cluster, nodes: list[str], options: S
 # ------------------------------------------------------------------------------ collective
 
 
-def _put_script(pool: Pool, node: str, name: str) -> str:
-    """Copy ``scripts/<name>`` to the node (a per-node path: loopback nodes share /tmp)."""
+PRIVATE_DIR = 'd=$(mktemp -d "${TMPDIR:-/tmp}/svconsole.XXXXXXXXXX") && echo "SVDIR $d"'
+"""Makes a private directory on a node (``mktemp -d``: mode 0700, owned by the SSH user, a name
+nobody can guess) and prints it after a tag (a login banner may print before it)."""
+
+
+@contextmanager
+def node_script(pool: Pool, node: str, name: str) -> Iterator[str]:
+    """``scripts/<name>`` copied into a fresh private directory on the node (never a predictable
+    path in a world-writable one such as /tmp); yields its path; the directory is removed after.
+    RuntimeError when the node cannot make the directory or take the file."""
     from console.ssh.pool import RemoteError
 
-    remote = f"/tmp/svconsole-{node}/{name}"
+    made = pool.run(node, PRIVATE_DIR, timeout=30)
+    found = [line[len("SVDIR "):] for line in made.stdout.splitlines() if line.startswith("SVDIR /")]
+    if not made.ok or not found:
+        raise RuntimeError(f"{node}: cannot make a private directory with mktemp -d: "
+                           f"{_failure(made)}")
+    directory = found[-1]
     try:
-        pool.put(node, script_path(name).read_bytes(), remote)
-    except RemoteError as exc:
-        raise RuntimeError(str(exc)) from None
-    return remote
+        remote = f"{directory}/{name}"
+        try:
+            pool.put(node, script_path(name).read_bytes(), remote)
+        except RemoteError as exc:
+            raise RuntimeError(str(exc)) from None
+        yield remote
+    finally:
+        pool.run(node, f"rm -rf -- {q(directory)}", timeout=30)
 
 
 def measure_collective(pool: Pool, cluster: Cluster, nodes: list[str], options: SetupOptions,
@@ -337,15 +355,16 @@ def measure_collective(pool: Pool, cluster: Cluster, nodes: list[str], options: 
     def run(rank_node: tuple[int, str]) -> tuple[str, Result | str]:
         rank, name = rank_node
         try:
-            path = _put_script(pool, name, "collective_bench.py")
+            with node_script(pool, name, "collective_bench.py") as path:
+                env = q(nccl_env_file(cluster, name))
+                cmd = (f"if [ -f {env} ]; then . {env}; fi; "
+                       f"{node_python(cluster)} {q(path)} --node-rank {rank} "
+                       f"--nnodes {len(order)} --master-addr {q(host)} --master-port {port} "
+                       f"--size-mb {options.bench_mb:g} --iters {options.bench_iters} "
+                       f"--timeout 120")
+                result = pool.run(name, cmd, timeout=300)
         except RuntimeError as exc:
             return name, str(exc)
-        env = q(nccl_env_file(cluster, name))
-        cmd = (f"if [ -f {env} ]; then . {env}; fi; "
-               f"{node_python(cluster)} {q(path)} --node-rank {rank} --nnodes {len(order)} "
-               f"--master-addr {q(host)} --master-port {port} --size-mb {options.bench_mb:g} "
-               f"--iters {options.bench_iters} --timeout 120")
-        result = pool.run(name, cmd, timeout=300)
         _emit_result(emit, result)
         return name, result
 
@@ -467,12 +486,12 @@ def measure_burnin(pool: Pool, cluster: Cluster, nodes: list[str], options: Setu
                    emit: Emit) -> MeasureResult:
     def run(name: str) -> tuple[str, dict | str]:
         try:
-            path = _put_script(pool, name, "burnin.py")
+            with node_script(pool, name, "burnin.py") as path:
+                result = pool.run(name, f"{node_python(cluster)} {q(path)} --seconds "
+                                        f"{options.burnin_seconds:g} --size {options.burnin_size}",
+                                  timeout=120 + 4 * 2 * 8 * options.burnin_seconds)
         except RuntimeError as exc:
             return name, str(exc)
-        result = pool.run(name, f"{node_python(cluster)} {q(path)} --seconds "
-                                f"{options.burnin_seconds:g} --size {options.burnin_size}",
-                          timeout=120 + 4 * 2 * 8 * options.burnin_seconds)
         _emit_result(emit, result)
         data = marked(result.stdout, "SVBURN")
         return name, data if data is not None else _failure(result)
@@ -504,32 +523,41 @@ def measure_burnin(pool: Pool, cluster: Cluster, nodes: list[str], options: Setu
 # ------------------------------------------------------------------------------ storage
 
 STORAGE = """\
-import json, os, sys, time
-path, mb = sys.argv[1], int(sys.argv[2])
-os.makedirs(os.path.dirname(path), exist_ok=True)
+import json, os, secrets, sys, time
+folder, name, mb = sys.argv[1], sys.argv[2], int(sys.argv[3])
+os.makedirs(folder, exist_ok=True)
+# shared_dir is shared with other users: never follow a symlink planted there (O_NOFOLLOW on the
+# folder and the file), and write a new file of our own (O_EXCL, a random name), never an old one.
+try:
+    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+except OSError as e:
+    raise SystemExit(f"refusing {folder}: {e.strerror} (a symlink is never followed there)")
+path = f"{name}.{secrets.token_hex(8)}.bin"
 block = os.urandom(1 << 20)
 t = time.perf_counter()
-fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
 try:
-    for _ in range(mb):
-        os.write(fd, block)
-    os.fsync(fd)
+    try:
+        for _ in range(mb):
+            os.write(fd, block)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    write = time.perf_counter() - t
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        t, n = time.perf_counter(), 0
+        while True:
+            d = os.read(fd, 1 << 20)
+            if not d:
+                break
+            n += len(d)
+        read = time.perf_counter() - t
+    finally:
+        os.close(fd)
 finally:
-    os.close(fd)
-write = time.perf_counter() - t
-fd = os.open(path, os.O_RDONLY)
-try:
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    t, n = time.perf_counter(), 0
-    while True:
-        d = os.read(fd, 1 << 20)
-        if not d:
-            break
-        n += len(d)
-    read = time.perf_counter() - t
-finally:
-    os.close(fd)
-    os.unlink(path)
+    os.unlink(path, dir_fd=dfd)
 print("SVSTORE", json.dumps({"mb": mb, "bytes_read": n, "write_mb_s": mb / write,
                              "read_mb_s": n / 2**20 / read}))
 """
@@ -541,8 +569,8 @@ def measure_storage(pool: Pool, cluster: Cluster, nodes: list[str], options: Set
     py = node_python(cluster)
 
     def run(name: str) -> tuple[str, dict | str]:
-        path = f"{cluster.shared_dir}/.svconsole-io/{name}.bin"
-        result = pool.run(name, f"{py} -c {q(STORAGE)} {q(path)} {options.storage_mb}",
+        folder = f"{cluster.shared_dir}/.svconsole-io"
+        result = pool.run(name, f"{py} -c {q(STORAGE)} {q(folder)} {q(name)} {options.storage_mb}",
                           timeout=120 + options.storage_mb / 10)
         _emit_result(emit, result)
         data = marked(result.stdout, "SVSTORE") if result.ok else None
