@@ -304,6 +304,9 @@ class LoopbackCluster:
     developer shell setup (a ``pyenv init`` costs ~0.3 s a command here) is not the cluster's;
     ``banner_nodes`` model a noisy remote shell instead."""
 
+    GUARD_MODULE = "console.ssh.loopback"
+    """The module whose ``guard`` command is the watchdog (a subclass names its own)."""
+
     def __init__(
         self,
         directory: str | os.PathLike[str],
@@ -573,7 +576,7 @@ class LoopbackCluster:
 
     def _is_guard(self, pid: int, start_time: int) -> bool:
         cmdline = " ".join(_cmdline(pid)) + " "
-        return _alive(pid, start_time) and f" console.ssh.loopback guard {self.directory} " in cmdline
+        return _alive(pid, start_time) and f" {self.GUARD_MODULE} guard {self.directory} " in cmdline
 
     def _start_guard(self) -> None:
         if self._guard and self._is_guard(*self._guard):
@@ -584,7 +587,7 @@ class LoopbackCluster:
             p for p in (root, os.environ.get("PYTHONPATH")) if p))
         with open(self.directory / "guard.log", "ab") as log:
             self._guard_proc = subprocess.Popen(
-                [sys.executable, "-m", "console.ssh.loopback", "guard", str(self.directory),
+                [sys.executable, "-m", self.GUARD_MODULE, "guard", str(self.directory),
                  str(owner), str(_stat(owner)[2])],  # type: ignore[index]
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                 start_new_session=True)
