@@ -1,0 +1,238 @@
+"""``svconsole stacks``: real rank processes in a real gloo all_reduce loop on three loopback
+nodes, tagged as a run's ranks are (``SVCONSOLE_RUN_ID``, ``SVCONSOLE_NODE``, torchrun's
+``RANK``), each writing FunASR-style step lines to its node's log. One is frozen with SIGSTOP:
+the stacks name it, with state T, and the others in one all_reduce group; the training is not
+stopped by the dumps (it steps on after SIGCONT). The analysis itself is checked on stacks as
+py-spy gives them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from walk import wait_until
+
+from console.cli import main
+from console.cluster.model import load_cluster
+from console.ssh.pool import Pool
+from console.training import runs
+from console.training.stacks import Frame, RankStack, analyse, ranks_from_reply, take_stacks
+
+RANK_PROGRAM = r'''
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo", init_method=os.environ["INIT"], rank=rank, world_size=world)
+log = open(os.environ["LOG"], "a", buffering=1)
+t = torch.ones(4096)
+step = 0
+while True:
+    step += 1
+    dist.all_reduce(t)
+    t.fill_(1.0)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S") + ",%03d" % (time.time() % 1 * 1000)
+    log.write(f"[{stamp}][root][INFO] - train, rank: {rank}, epoch: 0/1, data_slice: 0/1, "
+              f"step_in_slice: {step}/100000, step_in_epoch: {step}, total step: {step}, "
+              "(loss_avg_rank: 1.000), (lr: 1.000e-04), "
+              "{'data_load': '0.001', 'forward_time': '0.010', 'backward_time': '0.010', "
+              "'optim_time': '0.001', 'total_time': '0.050'}\n")
+    time.sleep(0.05)
+'''
+NODES = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FakeRun:
+    """Rank processes tagged like a launched run's, one per node, and its record."""
+
+    def __init__(self, cluster_yaml: Path, directory: Path) -> None:
+        self.cluster = load_cluster(cluster_yaml)
+        self.id = runs.new_run_id()
+        names = self.cluster.names()[:NODES]
+        program = directory / "rank.py"
+        program.write_text(RANK_PROGRAM)
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        self.procs: list[subprocess.Popen] = []
+        nodes = []
+        own = f"{directory}/svconsole/{self.id}"  # where launch puts them (runs.run_dir)
+        (directory / "logs").mkdir()
+        for rank, node in enumerate(names):
+            log = directory / "logs" / f"{node}.log"
+            log.write_text("")
+            env = {**os.environ, "SVCONSOLE_RUN_ID": self.id, "SVCONSOLE_NODE": node,
+                   "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(NODES),
+                   "INIT": init, "LOG": str(log), "OMP_NUM_THREADS": "1"}
+            self.procs.append(subprocess.Popen([sys.executable, str(program)], env=env,
+                                               stdin=subprocess.DEVNULL))
+            nodes.append(runs.NodeRun(node, rank, str(log), f"{own}/{node}.pid",
+                                      f"{own}/{node}.exit"))
+        plan = {"nodes": [{"node": n, "node_rank": i, "nproc": 1} for i, n in enumerate(names)]}
+        self.record = runs.RunRecord(self.id, time.time(), self.cluster.name, str(directory),
+                                     names[0], nodes, plan=plan)
+        self.logs = [Path(n.log) for n in nodes]
+
+    def steps(self, rank: int) -> int:
+        return self.logs[rank].read_text().count("train, rank:")
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+            p.wait()
+
+
+@pytest.fixture
+def fake_run(loopback, tmp_path: Path) -> Iterator[FakeRun]:
+    run = FakeRun(loopback.cluster_yaml, tmp_path)
+    try:
+        wait_until(lambda: all(run.steps(r) >= 3 for r in range(NODES)), 120,
+                   "every rank stepping")
+        yield run
+    finally:
+        run.close()
+
+
+def test_stopped_rank_is_named_with_state_t_and_the_others_wait_in_all_reduce(
+        fake_run: FakeRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pool = Pool(fake_run.cluster)
+    try:
+        healthy = take_stacks(pool, fake_run.record)
+        assert [r.rank for r in healthy.ranks] == [0, 1, 2]
+        assert all(r.frames and r.state in "RS" for r in healthy.ranks), healthy.to_dict()
+        assert healthy.suspects == [], healthy.text()  # stepping: differences are by chance
+
+        victim = fake_run.procs[1]
+        os.kill(victim.pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        steps = [fake_run.steps(r) for r in range(NODES)]
+        # the others block in all_reduce; stack differences count once lines are 10 s stale
+        wait_until(lambda: time.monotonic() - frozen_at > 11, 30, "lines to go stale")
+        runs.index_record(fake_run.record, Path(os.environ["SVCONSOLE_STATE_DIR"]))
+        started = time.monotonic()
+        code = main(["--config", str(fake_run.cluster.path), "stacks", fake_run.id, "--json"])
+        took = time.monotonic() - started
+        report = json.loads(capsys.readouterr().out)
+        assert code == 1
+        assert took < 5, f"stacks took {took:.1f} s on {NODES} nodes"
+        names = fake_run.cluster.names()
+        assert report["suspects"] == [
+            {"node": names[1], "rank": 1,
+             "why": report["suspects"][0]["why"]}], report["suspects"]
+        assert report["suspects"][0]["why"].startswith(f"rank 1 on {names[1]} is stopped "
+                                                       "(state T)")
+        by_rank = {r["rank"]: r for r in report["ranks"]}
+        assert by_rank[1]["state"] == "T" and by_rank[1]["dump_mode"] == "nonblocking"
+        assert by_rank[1]["cpu_s"] == 0
+        assert all(by_rank[r]["state"] == "S" for r in (0, 2)), by_rank
+        assert all(by_rank[r]["last_log_age_s"] > 10 for r in (0, 1, 2)), by_rank
+        (group,) = [g for g in report["groups"] if g["majority"]]
+        assert sorted(group["ranks"]) == [0, 2] and group["collective"] == "all_reduce", group
+        assert group["waited_s"] > 10
+        assert {"name", "file", "line"} <= set(by_rank[0]["frames"][0])
+        # the dumps did not stop the training: after SIGCONT every rank steps on
+        assert [fake_run.steps(r) for r in range(NODES)] == steps
+        os.kill(victim.pid, signal.SIGCONT)
+        wait_until(lambda: all(fake_run.steps(r) > steps[r] + 5 for r in range(NODES)), 60,
+                   "every rank stepping again after SIGCONT")
+        print(f"\nstacks on {NODES} nodes: {took:.2f} s (CLI, window 1 s)")
+    finally:
+        pool.close()
+
+
+def test_text_report_and_unknown_run(fake_run: FakeRun,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    runs.index_record(fake_run.record, Path(os.environ["SVCONSOLE_STATE_DIR"]))
+    code = main(["--config", str(fake_run.cluster.path), "stacks", fake_run.id])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "suspects: none" in out and "stepping" in out, out
+    code = main(["--config", str(fake_run.cluster.path), "stacks", "no-such-run"])
+    assert code == 2
+    assert "no run 'no-such-run'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- analysis
+
+
+def _collective(rank: int, node: str) -> RankStack:
+    frames = [Frame("all_reduce", "/venv/torch/distributed/distributed_c10d.py", 2800),
+              Frame("wrapper", "/venv/torch/distributed/c10d_logger.py", 81),
+              Frame("all_reduce", "/venv/deepspeed/comm/torch.py", 185),
+              Frame("train_epoch", "/venv/funasr/train_utils/trainer_ds.py", 600)]
+    return RankStack(node, rank, 0, 100 + rank, "S", cpu_s=0.0, frames=frames,
+                     last_log_age_s=40.0)
+
+
+def test_analysis_names_dataloader_and_save_and_missing_ranks() -> None:
+    loader = RankStack("node4", 3, 0, 203, "R", cpu_s=0.9, last_log_age_s=40.0, frames=[
+        Frame("_next_data", "/venv/torch/utils/data/dataloader.py", 1400),
+        Frame("__next__", "/venv/torch/utils/data/dataloader.py", 700),
+        Frame("train_epoch", "/venv/funasr/train_utils/trainer_ds.py", 560)])
+    saving = RankStack("node2", 2, 0, 202, "S", last_log_age_s=41.0, frames=[
+        Frame("_save", "/venv/torch/serialization.py", 900),
+        Frame("save", "/venv/torch/serialization.py", 850),
+        Frame("save_checkpoint", "/venv/funasr/train_utils/trainer_ds.py", 300)])
+    ranks = [_collective(0, "node1"), _collective(1, "node1"), saving, loader,
+             _collective(5, "node5")]
+    groups, suspects = analyse(ranks, world_size=7, unreachable={"node6": "timed out"},
+                               placement={6: "node6"})
+    assert groups[0].majority and groups[0].ranks == [0, 1, 5]
+    assert groups[0].collective == "all_reduce" and groups[0].waited_s == 40.0
+    whys = {s.rank: s.why for s in suspects}
+    assert whys[3] == ("rank 3 on node4 is in DataLoader.__next__ for 40 s, while ranks 0, 1, 5 "
+                       "wait in all_reduce")
+    assert whys[2].startswith("rank 2 on node2 is in torch.save for 41 s")
+    assert whys[4] == "rank 4 has no process: it exited or never started"
+    assert whys[6] == "rank 6 on node6: the node could not be asked (timed out)"
+    assert set(whys) == {2, 3, 4, 6}
+
+
+def test_analysis_states_and_ties() -> None:
+    stuck = RankStack("node2", 1, 0, 9, "D", wchan="nfs_wait_on_request", last_log_age_s=90.0)
+    _, suspects = analyse([_collective(0, "node1"), stuck])
+    assert [s.why for s in suspects] == [
+        "rank 1 on node2 is in uninterruptible sleep (state D, wchan nfs_wait_on_request): "
+        "waiting on storage or a device for 90 s"]
+    # two ranks, two places, neither in a collective: no side is the norm, nobody is blamed
+    a = RankStack("n1", 0, 0, 1, "R", frames=[Frame("forward", "/m/model.py", 10)],
+                  last_log_age_s=30.0)
+    b = RankStack("n2", 1, 0, 2, "R", frames=[Frame("backward", "/m/model.py", 20)],
+                  last_log_age_s=30.0)
+    groups, suspects = analyse([a, b])
+    assert suspects == [] and not any(g.majority for g in groups)
+    # a rank in the collective alone against one elsewhere: the collective is the norm
+    c = RankStack("n2", 1, 0, 3, "R", frames=a.frames, last_log_age_s=30.0)
+    groups, suspects = analyse([_collective(0, "n1"), c])
+    assert groups[0].majority and groups[0].collective == "all_reduce"
+    assert [s.why for s in suspects] == [
+        "rank 1 on n2 is in forward (/m/model.py:10) for 30 s, while ranks 0 wait in all_reduce"]
+
+
+def test_reply_without_pyspy_or_ptrace_says_what_to_do() -> None:
+    reply = {"pyspy": None, "python": "/opt/venv/bin/python",
+             "ptrace": "kernel.yama.ptrace_scope is 1: py-spy may only attach to its own children",
+             "ranks": [{"pid": 5, "rank": 0, "local_rank": 0, "state": "T", "cpu_s": 0.0}],
+             "last_lines": {"0": {"text": "train, rank: 0, ...", "age_s": 12.5}}}
+    ranks, notes = ranks_from_reply("node1", reply)
+    assert ranks[0].state == "T" and ranks[0].last_log_age_s == 12.5 and not ranks[0].frames
+    assert notes[0].startswith("node1: py-spy is not installed for the training Python "
+                               "(/opt/venv/bin/python)")
+    assert "ptrace_scope is 1" in notes[1]
+    _, suspects = analyse(ranks)
+    assert suspects[0].why == "rank 0 on node1 is stopped (state T) for 12 s"
