@@ -386,13 +386,11 @@ class SetupScreen(ConsoleScreen):
     @work(thread=True, exclusive=True, group="setup-sudo", name="check sudo on the nodes",
           exit_on_error=False)
     def probe_sudo(self, nodes: list[str]) -> None:
-        from console.ssh.pool import SUDO_PROBE
+        from console.ssh.pool import SUDO_PROBE, parse_sudo_probe
 
         results = self.console.pool.run_all(SUDO_PROBE, nodes=nodes, timeout=30)
-        modes = {}
-        for node, result in results.items():
-            words = [w for w in result.stdout.split() if w in ("root", "nopass", "password")]
-            modes[node] = words[-1] if words else "password"
+        modes = {node: parse_sudo_probe(result.stdout) or "password"
+                 for node, result in results.items()}
         self.post_message(SetupSudoChecked(modes))
 
     def on_setup_sudo_checked(self, message: SetupSudoChecked) -> None:

@@ -303,7 +303,7 @@ def test_sudo_password_never_shows(loopback, tmp_path, monkeypatch, caplog) -> N
     fake = tmp_path / "bin" / "sudo"
     fake.parent.mkdir()
     fake.write_text('#!/bin/sh\n[ "$1" = -n ] && exit 1\nread -r pw\n'
-                    'echo "sudo got $pw"; echo "stderr $pw" >&2\nshift 3; exec "$@"\n')
+                    'echo "sudo got $pw"; echo "stderr $pw" >&2\nshift 4; exec "$@"\n')
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     caplog.set_level(logging.DEBUG)

@@ -8,7 +8,8 @@ the head), never the other nodes. Output lines go live to subscribers and to one
 cell: ``<state_dir>/runs/<run-id>/<node>/<step>.log``, with ``summary.json`` beside them.
 
 Root steps run as they are for root, through ``sudo -n`` where sudo needs no password, and
-otherwise through the pool's ``sudo=True`` (which asks its ``sudo_password`` callable once).
+otherwise through the pool's ``sudo=True`` (which asks its ``sudo_password`` callable, tries the
+password once per node and never sends a refused one again).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from console.bringup.model import (
     StepState,
 )
 from console.cluster.model import Cluster
+from console.ssh.pool import RemoteError
 from console.subscribers import Subscribers
 
 if TYPE_CHECKING:
@@ -455,8 +457,12 @@ class Runner:
         self._line(step, cell, log, "$ " + command.render())
         text, last = command.text, ""
         noise = self._login_noise(cell.node)
-        mode = self._sudo_mode(cell.node) if step.needs_root else "root"
-        if mode == "password":
+        try:
+            mode = self._sudo_mode(cell.node) if step.needs_root else "root"
+        except RemoteError as exc:
+            self._line(step, cell, log, f"[{exc}]")
+            return None, str(exc)
+        if mode in ("password", "missing"):  # the pool asks for the password, or says why not
             result = self.pool.run(cell.node, text, sudo=True, stdin=command.stdin or "",
                                    timeout=step.timeout)
             for line in (result.stdout + result.stderr).splitlines():
@@ -493,13 +499,10 @@ class Runner:
         return self._noise[node]
 
     def _sudo_mode(self, node: str) -> str:
-        """"root", "nopass" or "password": how root steps run on ``node`` (asked once)."""
+        """How root steps run on ``node`` (``Pool.sudo_mode``: root, nopass, password or
+        missing), asked once per run. Raises RemoteError when the node cannot tell."""
         if node not in self._sudo:
-            from console.ssh.pool import SUDO_PROBE
-
-            result = self.pool.run(node, SUDO_PROBE, timeout=30)
-            words = [w for w in result.stdout.split() if w in ("root", "nopass", "password")]
-            self._sudo[node] = words[-1] if words else "password"
+            self._sudo[node] = self.pool.sudo_mode(node)
         return self._sudo[node]
 
     def _measure(self, step: Step, ready: list[Cell], summary: RunSummary) -> None:

@@ -16,8 +16,10 @@ Local nodes (``Node.local``) run the same API through ``bash -c`` subprocesses.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import secrets
 import select
 import shlex
 import signal
@@ -460,7 +462,10 @@ class _Peer:
     failures: int = 0
     next_retry: float = 0.0
     probing: bool = False
-    sudo_mode: str | None = None  # "root", "nopass" or "password", learnt once
+    sudo_mode: str | None = None  # one of SUDO_MODES, learnt once per connection
+    sudo_lock: threading.Lock = field(default_factory=threading.Lock)
+    sudo_good: bytes | None = None  # digest of the password sudo accepted here (memory only)
+    sudo_refused: dict[bytes, str] = field(default_factory=dict)  # digest -> why sudo said no
 
     def transport(self) -> paramiko.Transport | None:
         conn = self.conn
@@ -469,9 +474,45 @@ class _Peer:
 
 
 SUDO_PROBE = (
-    'if [ "$(id -u)" = 0 ]; then echo root; '
-    "elif sudo -n true 2>/dev/null; then echo nopass; else echo password; fi"
+    'if [ "$(id -u)" = 0 ]; then echo SVSUDO root; '
+    "elif ! command -v sudo >/dev/null 2>&1; then echo SVSUDO missing; "
+    "elif sudo -n true 2>/dev/null; then echo SVSUDO nopass; else echo SVSUDO password; fi"
 )
+"""How root commands run on a node, printed as one tagged line (``SVSUDO <mode>``) after whatever
+the login shell prints first: read it with :func:`parse_sudo_probe`, the one parser."""
+
+SUDO_MODES = ("root", "nopass", "password", "missing")
+"""root: the SSH user is root; nopass: ``sudo -n`` works; password: sudo wants a password (or the
+user may not use sudo at all: only sudo, given a password, can tell); missing: no sudo there."""
+
+SUDO_CHECK = "sudo -S -k -p '' bash -c true"
+"""Tries a sudo password once (``-k``: never a cached ticket), with nothing else on stdin, so a
+wrong one costs one attempt and the next line of a command's input is never taken for another."""
+
+
+def parse_sudo_probe(text: str) -> str | None:
+    """The mode in :data:`SUDO_PROBE`'s output (its last ``SVSUDO`` line: a login banner may print
+    anything, even words like "password", before it); None when there is no such line."""
+    found = None
+    for line in text.splitlines():
+        tag, _, mode = line.strip().partition(" ")
+        if tag == "SVSUDO" and mode in SUDO_MODES:
+            found = mode
+    return found
+
+
+def sudo_refusal(node: str, output: str) -> str:
+    """Why sudo said no, for the operator (from sudo's own words in ``output``)."""
+    lines = [t.strip() for t in output.splitlines() if t.strip()]
+    said = next((t for t in reversed(lines) if "sudo" in t.lower() or "sorry" in t.lower()),
+                lines[-1] if lines else "no output")
+    if "incorrect password" in output or "Sorry, try again" in output:
+        return (f"sudo on {node}: wrong password ({said}); it is not tried again: "
+                f"give the right one")
+    if "not in the sudoers" in output or "may not run sudo" in output \
+            or "not allowed to" in output:
+        return f"sudo on {node}: the SSH user may not use sudo there ({said})"
+    return f"sudo on {node} refused the password ({said})"
 
 
 def _parse_jump(spec: str, default_port: int) -> tuple[str | None, str, int]:
@@ -503,6 +544,7 @@ class Pool:
         ssh = cluster.ssh
         self.known_hosts = KnownHosts(ssh.known_hosts, ssh.host_key_policy)
         self._sudo_password = sudo_password
+        self._sudo_salt = secrets.token_bytes(16)  # passwords are compared as salted digests
         self._lock = threading.Lock()  # guards the subscriber list and executors only
         self._subscribers: Subscribers[NodeStatus] = Subscribers("node status")
         self._executor: ThreadPoolExecutor | None = None
@@ -735,18 +777,56 @@ class Pool:
             return f"bash -c {inner}", None
         if mode == "nopass":
             return f"sudo -n bash -c {inner}", None
+        if mode == "missing":
+            raise _Failure(f"{peer.node.name}: the SSH user is not root and sudo is not "
+                           f"installed there: root commands cannot run")
         password = self._sudo_password() if self._sudo_password is not None else None
         if not password:
             raise _Failure(f"sudo on {peer.node.name} needs a password and none was given")
-        return f"sudo -S -p '' bash -c {inner}", password
+        self._check_sudo_password(peer, password, deadline)
+        return f"sudo -S -k -p '' bash -c {inner}", password
 
     def _sudo_mode(self, peer: _Peer, deadline: float | None) -> str:
         if peer.sudo_mode is None:
             result = self._execute(peer, SUDO_PROBE, deadline=deadline)
             if result.error is not None:
                 raise _Failure(result.error)
-            peer.sudo_mode = result.stdout.strip() or "password"
+            mode = parse_sudo_probe(result.stdout)
+            if mode is None:
+                raise _Failure(f"{peer.node.name}: the sudo probe printed no answer "
+                               f"(exit {result.exit}): {result.stderr.strip()[-200:]}")
+            peer.sudo_mode = mode
         return peer.sudo_mode
+
+    def _check_sudo_password(self, peer: _Peer, password: str, deadline: float | None) -> None:
+        """Try ``password`` with sudo once per node; a refused one is never sent again (many
+        nodes lock an account after a few wrong attempts), a new one is tried once."""
+        digest = hashlib.sha256(self._sudo_salt + password.encode()).digest()
+        with peer.sudo_lock:
+            if peer.sudo_good == digest:
+                return
+            if digest in peer.sudo_refused:
+                raise _Failure(peer.sudo_refused[digest])
+            result = self._execute(peer, SUDO_CHECK, deadline=deadline,
+                                   stdin=(password + "\n").encode(),
+                                   redact=lambda text: text.replace(password, REDACTED))
+            if result.error is not None:
+                raise _Failure(result.error)
+            if result.exit == 0:
+                peer.sudo_good = digest
+                return
+            why = sudo_refusal(peer.node.name, result.stdout + result.stderr)
+            peer.sudo_refused[digest] = why
+            raise _Failure(why)
+
+    def sudo_mode(self, node: str, *, timeout: float = 30.0) -> str:
+        """How root commands run on ``node`` (one of :data:`SUDO_MODES`), asked once per
+        connection with :data:`SUDO_PROBE`. Raises :class:`RemoteError` when it cannot tell."""
+        peer = self._peer(node)
+        try:
+            return self._sudo_mode(peer, time.monotonic() + timeout)
+        except _Failure as exc:
+            raise RemoteError(f"{node}: {exc}") from None
 
     # ----------------------------------------------------------------- public commands
 
