@@ -419,7 +419,7 @@ _NODE_FIELDS = {
     "gpus": _Field(_gpus),
     "local": _Field(_boolean),
 }
-_TOP_KEYS = ("cluster", "ssh", "nodes")
+_TOP_KEYS = ("cluster", "ssh", "nodes", "alerts")  # alerts: console.alerts.rules checks it
 
 
 # --------------------------------------------------------------------------------------------
