@@ -29,6 +29,11 @@ from console.training.profile import default_profile
 FIXTURES = Path(__file__).parent / "fixtures" / "dsconfig"
 SEED = json.loads(dsconfig.preset_text("seed_zero1_bf16"))
 A100_3x4 = ClusterSpec.from_overrides(12, "A100", nodes=3, cpu_cores=32, shared_dir="/data/shared")
+#: A stack bf16 trains with (funasr before 1.4), and the one it fails with (funasr 1.4.x).
+OLD_STACK = {"funasr": "1.2.6", "deepspeed": "0.16.4", "torch": "2.6.0"}
+NEW_STACK = {"funasr": "1.4.16", "deepspeed": "0.19.8", "torch": "2.13.0"}
+A100_OLD = ClusterSpec.from_overrides(12, "A100", nodes=3, cpu_cores=32, shared_dir="/data/shared",
+                                      versions=OLD_STACK)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -113,12 +118,18 @@ CASES = [
     Case("matrix-workers", dsconfig.preset_text("seed_zero1_bf16"), "warning", "matrix",
          "dataset_conf.num_workers", "16 workers per GPU process; about 4 recommended",
          profile_changes=(("dataset_conf.num_workers", 16),)),
-    Case("matrix-bf16-off", _with(_fp32), "warning", "matrix", "bf16.enabled", "bf16 is off"),
+    Case("matrix-bf16-off", _with(_fp32), "warning", "matrix", "bf16.enabled", "bf16 is off",
+         A100_OLD),
+    Case("matrix-bf16-off-unconfirmed", _with(_fp32), "info", "matrix", "bf16.enabled",
+         "bf16 is off"),
+    Case("bf16-funasr-1.4", dsconfig.preset_text("seed_zero1_bf16"), "error", "cluster",
+         "bf16.enabled", r"bf16 dtype mismatch .*\(fault bf16-dtype-mismatch\)",
+         ClusterSpec.from_overrides(12, "A100", nodes=3, versions=NEW_STACK)),
     Case("output-dir-not-shared", dsconfig.preset_text("seed_zero1_bf16"), "error", "cluster",
          "output_dir", "is not under the shared directory /data/shared",
          profile_changes=(("output_dir", "/home/me/out"),)),
     Case("fusedadam", _with(lambda d: d.update(optimizer={"type": "AdamW", "params": {"lr": 1e-4}})),
-         "warning", "cluster", "optimizer.type", "FusedAdam"),
+         "warning", "cluster", "optimizer.type", "FusedAdam", ClusterSpec.from_overrides(8, "H100")),
 ]
 
 
@@ -213,9 +224,11 @@ def test_known_top_level_keys_come_from_deepspeed() -> None:
     assert "gradient_acumulation_steps" not in known
 
 
-def test_no_cluster_checks_world_size_one_and_says_so() -> None:
-    report = dsconfig.validate(_with(lambda d: d.update(train_batch_size=1)))
-    assert report.ok and report.world_size == 1
+def test_no_cluster_skips_the_batch_checks_and_says_so() -> None:
+    """Without a cluster the world size is unknown: never a silent 1."""
+    report = dsconfig.validate(_with(lambda d: d.update(train_batch_size=7)))
+    assert report.ok and report.world_size is None
+    assert [f.message for f in report.warnings] == ["world size unknown: batch checks skipped"]
     assert any("cluster checks skipped" in f.message for f in report.of("info"))
 
 
@@ -535,3 +548,193 @@ def test_data_lists_over_loopback_sshd(loopback: Any, tmp_path: Path) -> None:
     assert [f.message for f in found] == [
         f"node0:{data / 'train.jsonl'}:2: key: must be a non-empty string, got 3",
         f"{data / 'val.jsonl'} is not readable on node0, node1, node2, node3"]
+
+
+# ---------------------------------------------------------------- world size and versions as launch sees them
+
+
+def _cpu_cluster(n: int = 3, funasr: str = "1.4.16") -> tuple[Any, dict[str, NodeFacts]]:
+    """The loopback cluster's shape: n nodes without GPUs, every one with the training stack."""
+    from console.cluster.model import Cluster, Node
+
+    cluster = Cluster(name="lb", shared_dir="/data/shared",
+                      nodes=tuple(Node(f"node{i}", f"127.0.1.{i + 1}") for i in range(n)))
+    facts = {f"node{i}": NodeFacts(f"node{i}", ok=True, cpu_cores=2, gpu_error="no NVIDIA driver",
+                                   python={**NEW_STACK, "funasr": funasr})
+             for i in range(n)}
+    return cluster, facts
+
+
+def test_cpu_only_nodes_count_the_cpu_entry_and_keep_their_versions() -> None:
+    cluster, facts = _cpu_cluster()
+    spec = ClusterSpec.from_facts(cluster, facts)
+    assert spec.entry == "cpu-wrapper" and spec.world_known and spec.world_size == 3
+    assert spec.describe() == "world size 3 (cpu-wrapper entry, 1 process per node) on 3 node(s)"
+    assert all(dict(n.versions)["funasr"] == "1.4.16" for n in spec.nodes)
+    two = ClusterSpec.from_facts(cluster, facts, nproc_per_node=2)
+    assert two.world_size == 6 and "2 processes per node" in two.describe()
+    # the seed's bf16 preset is not ready there: the fault's id, and its fix
+    report = dsconfig.validate(dsconfig.preset_text("seed_zero1_bf16"), profile=default_profile(),
+                               cluster=spec)
+    assert not report.ok and report.summary.endswith("fix the errors before launch")
+    [hit] = report.errors
+    assert hit.field == "bf16.enabled" and "(fault bf16-dtype-mismatch)" in hit.message
+    assert "Train in fp32 (bf16.enabled false)" in hit.fix and "funasr 1.4.16" in hit.reason
+    # a train_batch_size for the wrong world size fails here, not only at pre-flight
+    wrong = dsconfig.validate(_with(lambda d: d.update(train_batch_size=1),
+                                    json.loads(dsconfig.preset_text("zero1_fp32"))),
+                              cluster=spec)
+    assert any("1 != 1 * 1 * 3" in f.message for f in wrong.errors), wrong.findings
+
+
+def test_the_default_preset_trains_with_the_versions_found() -> None:
+    cluster, facts = _cpu_cluster()
+    name, why = dsconfig.default_preset(ClusterSpec.from_facts(cluster, facts))
+    assert name == "zero1_fp32" and why.startswith("fp32: bf16 dtype mismatch") and "1.4.16" in why
+    report = dsconfig.validate(dsconfig.preset_text(name), profile=default_profile(),
+                               cluster=ClusterSpec.from_facts(cluster, facts))
+    assert report.ok, report.findings
+    assert not [f for f in report.findings if "bf16" in f.message + f.fix], report.findings
+    # GPUs with bf16 and a FunASR that trains in bf16: the seed's bf16 config
+    assert dsconfig.default_preset(A100_OLD)[0] == "seed_zero1_bf16"
+    assert dsconfig.default_preset(A100_OLD)[1].startswith("bf16: compute capability 8.0")
+    v100 = ClusterSpec.from_overrides(8, "V100", versions=OLD_STACK)
+    assert dsconfig.default_preset(v100) == (
+        "zero1_fp32", "fp32: the GPUs of node0 lack bf16 (compute capability < 8.0)")
+    assert dsconfig.default_preset(None)[0] == "zero1_fp32"
+
+
+def test_unknown_ranks_are_said_never_a_silent_one() -> None:
+    from console.cluster.model import Cluster, Node
+
+    cluster = Cluster(name="c", nodes=(Node("a", "10.0.0.1"), Node("b", "10.0.0.2", gpus=(0, 1))))
+    spec = ClusterSpec.from_facts(cluster, {})
+    assert not spec.world_known and spec.unknown == ("a",)
+    assert spec.describe() == "world size unknown (no facts for a) on 2 node(s)"
+    report = dsconfig.validate(_with(lambda d: d.update(train_batch_size=5)), cluster=spec)
+    [warning] = [f for f in report.warnings if f.field == "train_batch_size"]
+    assert warning.message == "world size unknown: batch checks skipped"
+    assert "no facts for a" in warning.reason and report.ok and report.world_size is None
+    # gpus: in cluster.yaml counts without facts
+    both = Cluster(name="c", nodes=(Node("a", "1", gpus=(0,)), Node("b", "2", gpus=(0, 1))))
+    assert ClusterSpec.from_facts(both, {}).world_size == 3
+
+
+# ---------------------------------------------------------------- a consistent report
+
+#: 20 configs: the presets, hand-made edge cases, and public configs' shapes (Hugging Face's
+#: ds_config_zero2/zero3.json with "auto", DeepSpeedExamples' BERT fp16 + Lamb, Megatron-style).
+_HF_ZERO2 = {
+    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000,
+             "initial_scale_power": 16, "hysteresis": 2, "min_loss_scale": 1},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                              "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto",
+                                                 "warmup_max_lr": "auto",
+                                                 "warmup_num_steps": "auto"}},
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                          "allgather_partitions": True, "allgather_bucket_size": 2e8,
+                          "overlap_comm": True, "reduce_scatter": True,
+                          "reduce_bucket_size": 2e8, "contiguous_gradients": True},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+    "wall_clock_breakdown": False,
+}
+_HF_ZERO3 = {
+    **{k: v for k, v in _HF_ZERO2.items() if k != "zero_optimization"},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                          "offload_param": {"device": "cpu", "pin_memory": True},
+                          "overlap_comm": True, "contiguous_gradients": True,
+                          "sub_group_size": 1e9, "reduce_bucket_size": "auto",
+                          "stage3_prefetch_bucket_size": "auto",
+                          "stage3_param_persistence_threshold": "auto",
+                          "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+                          "stage3_gather_16bit_weights_on_model_save": True},
+}
+_BERT = {"train_batch_size": 4096, "train_micro_batch_size_per_gpu": 32, "steps_per_print": 1000,
+         "prescale_gradients": False,
+         "optimizer": {"type": "Lamb", "params": {"lr": 11e-3, "weight_decay": 0.01,
+                                                  "bias_correction": False,
+                                                  "max_coeff": 0.3, "min_coeff": 0.01}},
+         "gradient_clipping": 1.0, "fp16": {"enabled": True, "loss_scale": 0}}
+_MEGATRON = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 4,
+             "steps_per_print": 10, "gradient_clipping": 1.0,
+             "zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
+             "wall_clock_breakdown": True}
+
+REPORT_CONFIGS: dict[str, str] = {
+    **{name: dsconfig.preset_text(name) for name in dsconfig.PRESETS},
+    "hf-zero2-auto": _text(_HF_ZERO2),
+    "hf-zero3-auto": _text(_HF_ZERO3),
+    "bert-fp16-lamb": _text(_BERT),
+    "megatron-bf16": _text(_MEGATRON),
+    "bf16-auto": _with(lambda d: d["bf16"].update(enabled="auto")),
+    "bf16-and-fp16": _with(lambda d: d.update(fp16={"enabled": True})),
+    "fp32-accumulation-16": _with(lambda d: (_fp32(d), d.update(gradient_accumulation_steps=16))),
+    "adamw-fused": _with(lambda d: d.update(optimizer={"type": "AdamW", "params": {"lr": 1e-4}})),
+    "adamw-torch": _with(lambda d: d.update(optimizer={"type": "AdamW", "params": {
+        "lr": 1e-4, "torch_adam": True}})),
+    "no-precision-keys": _text({"train_micro_batch_size_per_gpu": 1}),
+    "zero3-offload-fp32": _with(lambda d: (_fp32(d), d.update(zero_optimization={
+        "stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}}))),
+    "small-buckets-bf16": _with(lambda d: d["zero_optimization"].update(
+        allgather_bucket_size=1e6, reduce_bucket_size=1e6)),
+    "empty": "{}",
+    "string-bools": _with(lambda d: d["bf16"].update(enabled="false")),
+}
+REPORT_CLUSTERS = {
+    "a100-old-stack": A100_OLD,
+    "h100-new-stack": ClusterSpec.from_overrides(8, "H100", versions=NEW_STACK),
+    "v100": ClusterSpec.from_overrides(8, "V100-32GB", nodes=2, versions=OLD_STACK),
+    "cpu-new-stack": ClusterSpec.from_facts(*_cpu_cluster()),
+    "unknown": None,
+}
+_CLAIMS = (  # (pattern in a message or fix, (setting, on?))
+    (r'"bf16": \{"enabled": true\}|\benable bf16\b|\bbf16 on\b', ("bf16", True)),
+    (r'"bf16": \{"enabled": false\}|bf16\.enabled false|[Tt]rain in fp32|\bdisable bf16\b',
+     ("bf16", False)),
+    (r'"fp16": \{"enabled": true\}|\benable fp16\b', ("fp16", True)),
+    (r'"fp16": \{"enabled": false\}|\bdisable fp16\b', ("fp16", False)),
+    (r"\benable ([a-z_.]+)", None),
+    (r"\bdisable ([a-z_.]+)", None),
+)
+
+
+def _claims(text: str) -> set[tuple[str, bool]]:
+    out = set()
+    for pattern, claim in _CLAIMS:
+        for m in re.finditer(pattern, text):
+            if claim is not None:
+                out.add(claim)
+            else:
+                out.add((m.group(1), m.group(0).startswith("enable")))
+    return out
+
+
+def test_twenty_configs_get_reports_that_never_contradict_themselves() -> None:
+    assert len(REPORT_CONFIGS) == 20
+    profile = default_profile()
+    for cluster_name, cluster in REPORT_CLUSTERS.items():
+        for name, text in REPORT_CONFIGS.items():
+            report = dsconfig.validate(text, profile=profile, cluster=cluster)
+            where = f"{name} on {cluster_name}:\n" + "\n".join(
+                f"{f} | fix: {f.fix}" for f in report.findings)
+            advice = set().union(*(_claims(f.message + " " + f.fix) for f in report.findings))
+            clashes = {s for s, on in advice if (s, not on) in advice}
+            assert not clashes, where
+            keys = [(f.severity, f.field, f.message) for f in report.findings]
+            assert len(keys) == len(set(keys)), "each finding once: " + where
+            explain = report.estimate.method if report.estimate else "\0"
+            assert not [f for f in report.findings if explain in f.reason], where
+            fused = [f for f in report.findings if "FusedAdam" in f.message]
+            assert not fused or cluster_name == "h100-new-stack", "Hopper only: " + where
+            if name == "adamw-fused" and cluster_name == "h100-new-stack":
+                assert fused, where
+            bf16_advice = [f for f in report.findings if ("bf16", True) in _claims(f.fix)]
+            assert not bf16_advice or cluster_name == "a100-old-stack", where
+            for f in report.findings:
+                if '"auto"' in f.message:
+                    assert f.message.startswith(f.field + ' is "auto", ') and \
+                        "filled only by the HF Trainer integration or DeepSpeed autotuning; " \
+                        "FunASR passes it as is" in f.message, where

@@ -175,8 +175,11 @@ def test_bf16_on_old_gpus() -> None:
 
 def test_fusedadam_trigger() -> None:
     adamw = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
-    assert [f.id for f in config_incompatibilities(adamw, {"deepspeed": "0.19.8"})] == [
-        "fusedadam-jit-arch"]
+    hopper = {"deepspeed": "0.19.8", "compute_capability": "9.0"}
+    assert [f.id for f in config_incompatibilities(adamw, hopper)] == ["fusedadam-jit-arch"]
+    # the "9.0a" arch suffix is Hopper's: A100, V100 and CPU-only nodes do not hit it
+    for cc in ({"compute_capability": "8.0"}, {"compute_capability": "7.0"}, {}):
+        assert config_incompatibilities(adamw, {"deepspeed": "0.19.8", **cc}) == []
     torch_adam = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}
     assert config_incompatibilities(torch_adam, {"deepspeed": "0.19.8"}) == []
     assert config_incompatibilities({"optimizer": {"type": "SGD"}}, {}) == []

@@ -1,15 +1,20 @@
 """``svconsole validate``: check a DeepSpeed config and the training profile before a launch.
 
-``svconsole validate [DS_JSON] [--profile FILE] [--world-size N [--nodes K]] [--gpu NAME|--cc X.Y]
-[--gpu-mem-gb G] [--cpu-cores C] [--json]``
+``svconsole validate [DS_JSON] [--profile FILE] [--entry train_ds|cpu-wrapper]
+[--nproc-per-node N] [--world-size N [--nodes K]] [--gpu NAME|--cc X.Y] [--gpu-mem-gb G]
+[--cpu-cores C] [--json]``
 
 Without ``--world-size`` the cluster comes from the inventory: every node of cluster.yaml is probed
-(GPUs, compute capability, memory, CPU cores, versions) and the data lists are looked for on
-each node. With it, the cluster is the one described by the options (no node is contacted).
-``DS_JSON`` defaults to what ``svconsole launch`` ships: ``ds_config.json`` beside cluster.yaml
-(the Config screen's file) when it exists, else the profile's ``train_conf.deepspeed_config``; the
-profile defaults to ``training.yaml`` beside cluster.yaml, else the packaged default. Exit 1 when
-there are errors.
+(GPUs, compute capability, memory, CPU cores, the training Python's versions) and the data lists
+are looked for on each node; the world size is what launch would start (each node's GPUs from
+``gpus:`` or its facts; with the CPU entry, which is the one that can run when no node has a GPU,
+its processes per node). When it cannot be known, a finding says the batch checks were skipped.
+With ``--world-size`` the cluster is the one described by the options (no node is contacted).
+Without ``DS_JSON``, the files are exactly those the Config screen edits and launch ships:
+``ds_config.json`` beside cluster.yaml when it exists, else the profile's
+``train_conf.deepspeed_config``, else the default preset for the cluster (said so); the profile
+is ``training.yaml`` beside cluster.yaml, else the packaged default. The last line is the Config
+screen's summary line. Exit 1 when there are errors.
 """
 
 from __future__ import annotations
@@ -43,6 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "profile's deepspeed_config)")
     parser.add_argument("--profile", metavar="FILE",
                         help="training profile (default: training.yaml beside cluster.yaml)")
+    parser.add_argument("--entry", choices=("train_ds", "cpu-wrapper"),
+                        help="the launch entry whose ranks are counted (default: cpu-wrapper "
+                             "when no node has a GPU, else train_ds), as svconsole launch")
+    parser.add_argument("--nproc-per-node", type=_positive, metavar="N",
+                        help="processes per node, as svconsole launch (default: its GPUs; 1 "
+                             "with cpu-wrapper)")
     parser.add_argument("--world-size", type=_positive, metavar="N",
                         help="GPUs in all; describe the cluster instead of probing it")
     parser.add_argument("--nodes", type=_positive, default=1, metavar="K",
@@ -83,17 +94,12 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
             profile = default_profile()
     except ProfileError as exc:
         return fail(str(exc))
-    edited = ds_config_path_for(cluster_file)
-    ds_path = Path(args.ds_json) if args.ds_json else (
-        edited if edited.exists() else Path(profile.train_conf.deepspeed_config))
-    try:
-        text = ds_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        return fail(f"{ds_path}: {getattr(exc, 'strerror', None) or exc}")
-
     shared_dir = ctx.cluster.shared_dir if cluster_file else None
     extra: list[Finding] = []
     spec: ClusterSpec | None
+    if overrides and (args.entry or args.nproc_per_node):
+        return fail("--entry and --nproc-per-node count the ranks of the probed cluster: "
+                    "with --world-size, give the ranks there")
     if overrides:
         try:
             spec = ClusterSpec.from_overrides(
@@ -103,10 +109,22 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
             return fail(str(exc))
         extra = _local_data(profile)
     else:
-        spec, extra = _inventory(ctx, profile)
+        spec, extra = _inventory(ctx, profile, args.entry, args.nproc_per_node)
         if spec is None:
             return fail("probing the cluster is not available here; describe it with "
                         "--world-size N [--nodes K] --gpu NAME")
+
+    try:
+        if args.ds_json:
+            ds_path = Path(args.ds_json)
+            text = ds_path.read_text(encoding="utf-8")
+        else:
+            shipped = dsconfig.shipped_json(ds_config_path_for(cluster_file), profile, spec)
+            ds_path, text = shipped.source or shipped.path, shipped.text
+            extra += shipped.findings()
+    except (OSError, UnicodeDecodeError) as exc:
+        where = args.ds_json or ds_config_path_for(cluster_file)
+        return fail(f"{where}: {getattr(exc, 'strerror', None) or exc}")
 
     report = dsconfig.validate(text, name=str(ds_path), profile=profile, cluster=spec)
     report.add(extra)
@@ -117,15 +135,16 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
-def _inventory(ctx: Context, profile: TrainingProfile
-               ) -> tuple[ClusterSpec | None, list[Finding]]:
-    """The cluster as probed now, and the data lists looked for on every node."""
+def _inventory(ctx: Context, profile: TrainingProfile, entry: str | None,
+               nproc_per_node: int | None) -> tuple[ClusterSpec | None, list[Finding]]:
+    """The cluster as probed now (facts the probe could not refresh are taken from the
+    cache, as the Config screen does), and the data lists looked for on every node."""
     try:
-        from console.cluster.probe import probe_all
+        from console.cluster.probe import FactsCache, probe_all
     except ImportError:
         return None, []
-    facts = probe_all(ctx.pool, ctx.cluster)
-    spec = ClusterSpec.from_facts(ctx.cluster, facts)
+    facts = probe_all(ctx.pool, ctx.cluster, cache=FactsCache(ctx.state_dir, ctx.cluster.name))
+    spec = ClusterSpec.from_facts(ctx.cluster, facts, entry=entry, nproc_per_node=nproc_per_node)
     up = [name for name, f in facts.items() if f.ok]
     return spec, dsconfig.check_data_on_nodes(ctx.pool.run, up, profile)
 
@@ -153,8 +172,12 @@ def _print(report: Report, spec: ClusterSpec, ctx: Context) -> None:
     out = ctx.out
     gpus = ", ".join(sorted({f"{n.gpu_name or '?'} cc {n.cc or '?'} "
                              f"{n.memory_gib or 0:.0f} GiB" for n in spec.nodes}))
-    print(f"cluster ({spec.source}): {len(spec.nodes)} nodes, world size {spec.world_size}"
-          f"{'; ' + gpus if gpus else ''}", file=out)
+    if spec.source == "overrides":
+        print(f"cluster ({spec.source}): {len(spec.nodes)} nodes, world size {spec.world_size}"
+              f"{'; ' + gpus if gpus else ''}", file=out)
+    else:
+        print(f"cluster ({spec.source}): {spec.describe()}{'; ' + gpus if gpus else ''}",
+              file=out)
     for f in report.findings:
         print(str(f), file=out)
         for label, text in (("why", f.reason), ("fix", f.fix)):

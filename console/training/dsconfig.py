@@ -57,9 +57,11 @@ Severity = Literal["error", "warning", "info"]
 Layer = Literal["json", "deepspeed", "matrix", "cluster"]
 Path_ = tuple[str | int, ...]
 
-#: Presets shipped in ``console/data``: FunASR's ``examples/deepspeed_conf/ds_stage{0..3}.json``
-#: and the seed guide's config (its section 4.1).
-PRESETS = ("ds_stage0", "ds_stage1", "ds_stage2", "ds_stage3", "seed_zero1_bf16")
+#: Presets shipped in ``console/data``: FunASR's ``examples/deepspeed_conf/ds_stage{0..3}.json``,
+#: the seed guide's config (its section 4.1) and the same with bf16 off (the config that trained
+#: on the H200 with funasr 1.4.16, and on CPUs).
+PRESETS = ("ds_stage0", "ds_stage1", "ds_stage2", "ds_stage3", "seed_zero1_bf16", "zero1_fp32")
+BF16_PRESET, FP32_PRESET = "seed_zero1_bf16", "zero1_fp32"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -103,9 +105,9 @@ class Report:
     world_size: int | None = None
 
     def add(self, findings: Iterable[Finding]) -> None:
-        """Add findings (e.g. of the data checks), keeping errors first, then by line."""
-        self.findings.extend(findings)
-        self.findings.sort(key=_finding_order)
+        """Add findings (e.g. of the data checks), keeping errors first, then by line; a
+        finding already in the report is not added twice."""
+        self.findings = _unique([*self.findings, *findings])
 
     def of(self, severity: Severity) -> list[Finding]:
         return [f for f in self.findings if f.severity == severity]
@@ -288,6 +290,56 @@ def save(path: str | Path, data: Mapping[str, Any] | str) -> Path:
     else:
         text = dumps(data)
     return atomic_write(path, text, backup=True)
+
+
+@dataclass(frozen=True)
+class ShippedJSON:
+    """The DeepSpeed JSON that ``svconsole launch`` would ship, as the Config screen and
+    ``svconsole validate`` both find it, in launch's order: ``ds_config.json`` beside
+    cluster.yaml (``origin="edited"``), else the profile's ``train_conf.deepspeed_config``
+    (``"profile"``), else the default preset for the cluster (``"preset"``: nothing to ship
+    yet). ``path`` is where the Config screen saves it; ``source`` the file read."""
+
+    path: Path
+    text: str
+    origin: Literal["edited", "profile", "preset"]
+    source: Path | None = None
+    preset: str | None = None
+    why: str = ""
+
+    @property
+    def note(self) -> str:
+        """Where the text comes from, for a status line; empty for the saved file."""
+        if self.origin == "profile":
+            return f"{self.path.name} is new, from the profile's deepspeed_config {self.source}"
+        if self.origin == "preset":
+            return f"{self.path.name} is new, from the {self.preset} preset ({self.why})"
+        return ""
+
+    def findings(self) -> list[Finding]:
+        """What the verdict should say about the origin (one note for a preset)."""
+        if self.origin != "preset":
+            return []
+        return [Finding("info", "json", "", f"{self.path.name} is not saved yet: the {self.preset} "
+                        f"preset was checked ({self.why})",
+                        "neither it nor the profile's deepspeed_config is on this machine; "
+                        "launch ships ds_config.json once it is saved",
+                        "save it in the Config screen (ctrl+s)", file=self.path.name)]
+
+
+def shipped_json(ds_path: Path, profile: TrainingProfile, cluster: ClusterSpec | None = None
+                 ) -> ShippedJSON:
+    """The DeepSpeed JSON launch would ship (see :class:`ShippedJSON`); ``ds_path`` is
+    ``ds_config.json`` beside cluster.yaml. Raises OSError/UnicodeDecodeError for a file that
+    exists but cannot be read."""
+    if ds_path.exists():
+        return ShippedJSON(ds_path, ds_path.read_text(encoding="utf-8"), "edited", ds_path)
+    configured = profile.train_conf.deepspeed_config
+    if configured and Path(configured).is_file():
+        return ShippedJSON(ds_path, Path(configured).read_text(encoding="utf-8"), "profile",
+                           Path(configured))
+    name, why = default_preset(cluster)
+    return ShippedJSON(ds_path, preset_text(name), "preset", None, name, why)
 
 
 def preset_text(name: str) -> str:
@@ -477,10 +529,18 @@ def _top_level_types() -> dict[str, type]:
 # Layer 1: DeepSpeed's rules
 
 
-def check_deepspeed(doc: DSDocument, world_size: int) -> list[Finding]:
+def check_deepspeed(doc: DSDocument, world_size: int | None) -> list[Finding]:
     """DeepSpeed's own verdict on ``doc.data`` for ``world_size`` ranks, plus what it lets
-    through silently (unknown keys, ``"auto"``, wrong types). Needs ``doc.data``."""
+    through silently (unknown keys, ``"auto"``, wrong types). Needs ``doc.data``.
+
+    ``world_size=None`` (unknown): the batch arithmetic is left out (``train_batch_size`` is
+    not given to DeepSpeed when another batch key is), everything else is checked."""
     data = doc.data or {}
+    if world_size is None:
+        world_size = 1
+        if "train_batch_size" in data and ("train_micro_batch_size_per_gpu" in data
+                                           or "gradient_accumulation_steps" in data):
+            data = {k: v for k, v in data.items() if k != "train_batch_size"}
     out = _auto_values(doc, data) + _string_typed(doc, data) + _funasr_reads(doc, data)
     ds = _load_deepspeed()
     if not isinstance(ds, _DeepSpeed):
@@ -602,13 +662,16 @@ def _walk(data: Any, path: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
         yield path, data
 
 
+AUTO_REASON = ("filled only by the HF Trainer integration or DeepSpeed autotuning; FunASR passes "
+               "it as is")
+
+
 def _auto_values(doc: DSDocument, data: Mapping[str, Any]) -> list[Finding]:
     return [doc.finding(
-        "warning", "deepspeed", join_field(path), '"auto" is not filled in here',
-        'only the Hugging Face Trainer/Accelerate integration replaces "auto"; FunASR hands the '
-        "file to DeepSpeed as it is, which silently drops the key (its default applies) or "
-        "fails on it",
-        "write the value you want") for path, value in _walk(data) if value == "auto"]
+        "warning", "deepspeed", join_field(path), f'{join_field(path)} is "auto", {AUTO_REASON}',
+        "DeepSpeed then drops the key silently (its default applies) or fails on it",
+        f"write the value you want for {join_field(path)}")
+        for path, value in _walk(data) if value == "auto"]
 
 
 _LOOKS_TYPED = re.compile(r"(?i)\s*(true|false|[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?)\s*")
@@ -708,7 +771,8 @@ def gpu_model(name: str) -> GPUModel | None:
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One node as the checks need it: GPUs (the smallest of the node when they differ)."""
+    """One node as the checks need it: the ranks launch would start there (``gpu_count``: its
+    GPUs, or its processes with the CPU entry) and its GPUs (the smallest when they differ)."""
 
     name: str
     gpu_count: int
@@ -729,35 +793,94 @@ class ClusterSpec:
     source: str = "overrides"
     notes: tuple[str, ...] = ()
     """Nodes left out and why (no facts, probe failed)."""
+    unknown: tuple[str, ...] = ()
+    """Nodes whose number of ranks is not known (no facts and no ``gpus:``): the world size is
+    then unknown, and batch checks are skipped."""
+    entry: str = "train_ds"
+    """The launch entry the ranks were counted for: ``train_ds`` or ``cpu-wrapper``."""
 
     @property
     def world_size(self) -> int:
         return sum(n.gpu_count for n in self.nodes)
 
     @property
+    def world_known(self) -> bool:
+        """Whether :attr:`world_size` is what launch would run (every node's ranks known)."""
+        return not self.unknown and self.world_size > 0
+
+    def describe(self) -> str:
+        """``world size 3 (cpu-wrapper entry, 1 process per node) on 3 node(s)``, or why the
+        world size is unknown: the status line of the screen and the CLI."""
+        if not self.world_known:
+            why = (f"no facts for {', '.join(self.unknown)}" if self.unknown
+                   else "no rank on any node")
+            return f"world size unknown ({why}) on {len(self.nodes) + len(self.unknown)} node(s)"
+        per = sorted({n.gpu_count for n in self.nodes})
+        unit, units = ("process", "processes") if self.entry == "cpu-wrapper" else ("GPU", "GPUs")
+        each = f"{'/'.join(str(c) for c in per)} {unit if per == [1] else units} per node"
+        return (f"world size {self.world_size} ({self.entry} entry, {each}) on "
+                f"{len(self.nodes)} node(s)")
+
+    @property
     def gpus_per_node(self) -> int:
         return max((n.gpu_count for n in self.nodes), default=0)
 
     @classmethod
-    def from_facts(cls, cluster: Any, facts: Mapping[str, Any]) -> ClusterSpec:
-        """From ``console.cluster.model.Cluster`` and the probe's ``NodeFacts`` per node. A node's
-        ``gpus`` list in cluster.yaml restricts it to those GPU indices."""
-        nodes, notes = [], []
+    def from_facts(cls, cluster: Any, facts: Mapping[str, Any], *, entry: str | None = None,
+                   nproc_per_node: int | None = None) -> ClusterSpec:
+        """The ranks launch would start, from ``console.cluster.model.Cluster`` and the probe's
+        ``NodeFacts`` per node (those of any age: a stale reading still names the training
+        stack).
+
+        Per node, as ``console.training.launch`` counts them: ``nproc_per_node`` when given;
+        with the ``cpu-wrapper`` entry one process; else the node's ``gpus`` in cluster.yaml,
+        else the GPUs its facts list. ``entry=None`` is the entry that can run here: the CPU
+        entry when no node has a GPU (by its facts or ``gpus:``), else ``train_ds``. A node
+        whose count cannot be known (no facts, no ``gpus:``) is in :attr:`unknown`. The
+        versions of each node's training Python are kept whatever its GPUs.
+        """
+        def gpus_of(node: Any) -> list[Any]:
+            f = facts.get(node.name)
+            return [g for g in (getattr(f, "gpus", None) or [])
+                    if node.gpus is None or g.index in node.gpus]
+
+        if entry is None:
+            any_gpu = any(node.gpus or gpus_of(node) for node in cluster.nodes)
+            known = all(node.gpus is not None or _readable(facts.get(node.name))
+                        for node in cluster.nodes)
+            entry = "cpu-wrapper" if known and not any_gpu else "train_ds"
+        nodes, notes, unknown = [], [], []
         for node in cluster.nodes:
             f = facts.get(node.name)
-            if f is None or not getattr(f, "gpus", None):
-                why = "no facts" if f is None else (f.gpu_error or f.error or "no GPU found")
-                notes.append(f"{node.name}: {why}")
+            gpus = gpus_of(node)
+            if nproc_per_node is not None:
+                count: int | None = nproc_per_node
+            elif entry == "cpu-wrapper":
+                count = 1
+            elif node.gpus is not None:
+                count = len(node.gpus)
+            elif gpus or _readable(f):
+                count = len(gpus)
+            else:
+                count = None
+            if count is None:
+                unknown.append(node.name)
+                notes.append(f"{node.name}: {'no facts' if f is None else f.error or 'no facts'}")
                 continue
-            gpus = [g for g in f.gpus if node.gpus is None or g.index in node.gpus]
+            if count == 0:
+                notes.append(f"{node.name}: {getattr(f, 'gpu_error', None) or 'no GPU found'}: "
+                             "the train_ds entry cannot run there (the cpu-wrapper entry can)")
             ccs = [g.compute_capability for g in gpus if g.compute_capability]
             mems = [g.memory_total_mb / 1024 for g in gpus if g.memory_total_mb]
-            versions = {k: v for k, v in f.versions().items() if v} if hasattr(f, "versions") else {}
+            versions = ({k: v for k, v in f.versions().items() if v}
+                        if f is not None and hasattr(f, "versions") else {})
+            cores = (f.cpu_usable or f.cpu_cores) if f is not None else None
             nodes.append(NodeSpec(
-                node.name, len(gpus), gpus[0].name if gpus else None,
+                node.name, count, gpus[0].name if gpus else None,
                 min(ccs, key=_cc_tuple) if ccs else None, min(mems) if mems else None,
-                f.cpu_usable or f.cpu_cores, tuple(sorted(versions.items()))))
-        return cls(tuple(nodes), cluster.shared_dir, "inventory", tuple(notes))
+                cores, tuple(sorted(versions.items()))))
+        return cls(tuple(nodes), cluster.shared_dir, "inventory", tuple(notes), tuple(unknown),
+                   entry)
 
     @classmethod
     def from_overrides(cls, world_size: int, gpu: str | None = None, cc: str | None = None,
@@ -779,6 +902,11 @@ class ClusterSpec:
             cpu_cores, tuple(sorted((versions or {}).items())))
         return cls(tuple(dataclasses.replace(spec, name=f"node{i}") for i in range(nodes)),
                    shared_dir, "overrides")
+
+
+def _readable(facts: Any) -> bool:
+    """Facts that describe the node: this probe's, or an earlier one's kept as stale."""
+    return facts is not None and bool(facts.ok or getattr(facts, "stale", False))
 
 
 def _cc_tuple(cc: str) -> tuple[int, ...]:
@@ -973,36 +1101,75 @@ def check_matrix(doc: DSDocument, profile: TrainingProfile | None,
             "the bucket size balances communication latency (small buckets: many messages) "
             "against bandwidth and memory (large buckets)", "use 5e8 (FunASR's presets)"))
     accum = data.get("gradient_accumulation_steps")
+    bf16_advice = _bf16_off(data) and bf16_would_train(data, cluster)[0] == "trains"
     if isinstance(accum, int) and not isinstance(accum, bool) and not 1 <= accum <= 8:
         out.append(doc.finding(
             "warning", "matrix", "gradient_accumulation_steps",
             f"{accum} is outside the recommended 1-8",
             "accumulation relieves memory at the cost of fewer optimizer steps; beyond 8 the "
             "effective batch grows large and updates become rare", "use 1-8; to save memory, "
-            "lower the token batch or enable bf16 first"))
-    if not _enabled(data, "bf16", "bfloat16"):
-        bf16_blocked = _bf16_blocked(data, cluster)
-        out.append(doc.finding(
-            "info" if bf16_blocked else "warning", "matrix", "bf16.enabled", "bf16 is off",
-            "the tuning matrix recommends bf16: 30%+ less GPU memory" +
-            (f"; but here {bf16_blocked}" if bf16_blocked else ""),
-            "" if bf16_blocked else 'set "bf16": {"enabled": true}'))
+            f"lower the token batch{' or enable bf16' if bf16_advice else ''} first"))
+    if _bf16_off(data):
+        verdict, why = bf16_would_train(data, cluster)
+        if verdict == "trains":
+            out.append(doc.finding(
+                "warning", "matrix", "bf16.enabled", "bf16 is off",
+                f"the tuning matrix recommends bf16 (30%+ less GPU memory), and it trains here: "
+                f"{why}", 'set "bf16": {"enabled": true}'))
+        elif verdict == "unconfirmed":
+            out.append(doc.finding(
+                "info", "matrix", "bf16.enabled", "bf16 is off",
+                f"the tuning matrix recommends bf16 where it trains; here {why}"))
     if profile is not None:
         out += _matrix_profile(profile, cluster)
     return out
 
 
-def _bf16_blocked(data: Mapping[str, Any], cluster: ClusterSpec | None) -> str | None:
-    """Why turning bf16 on would fail on this cluster (old GPUs, a known incompatibility)."""
-    if cluster is not None:
-        old = [n.name for n in cluster.nodes if n.cc and _cc_tuple(n.cc) < (8, 0)]
-        if old:
-            return f"the GPUs of {', '.join(old)} lack bf16"
-        bf16 = {**data, "bf16": {"enabled": True}}
-        for finding in _incompatibilities(bf16, cluster):
-            if finding.severity == "error":
-                return finding.message
-    return None
+def _bf16_off(data: Mapping[str, Any]) -> bool:
+    """bf16 is off (absent or ``false``); ``"auto"`` and other values are not "off"."""
+    section = data.get("bf16", data.get("bfloat16"))
+    return section is None or (isinstance(section, dict) and section.get("enabled", False)
+                               is False)
+
+
+def bf16_would_train(data: Mapping[str, Any], cluster: ClusterSpec | None
+                     ) -> tuple[Literal["trains", "blocked", "unconfirmed", "unknown"], str]:
+    """Whether this config with bf16 on would train on this cluster, and why: ``blocked`` (a
+    GPU below compute capability 8.0, no GPU at all, or a known failure with the nodes'
+    versions), ``unconfirmed`` (a known failure whose versions are not known here),
+    ``unknown`` (no cluster, or a GPU whose capability is unknown) or ``trains``."""
+    if cluster is None or not cluster.nodes:
+        return "unknown", "the cluster is not known"
+    bf16 = {**data, "bf16": {"enabled": True}}
+    bf16.pop("bfloat16", None)
+    hits = _incompatibilities(bf16, cluster)
+    confirmed = [f for f in hits if f.severity == "error"]
+    if confirmed:
+        return "blocked", f"{confirmed[0].message} ({confirmed[0].reason})"
+    old = [n.name for n in cluster.nodes if n.cc and _cc_tuple(n.cc) < (8, 0)]
+    if old:
+        return "blocked", f"the GPUs of {', '.join(old)} lack bf16 (compute capability < 8.0)"
+    if cluster.entry == "cpu-wrapper" or not any(n.gpu_name or n.cc for n in cluster.nodes):
+        return "blocked", "no GPU: the ranks train on CPUs"
+    unknown = [n.name for n in cluster.nodes if not n.cc]
+    if unknown:
+        return "unknown", f"compute capability unknown on {', '.join(unknown)}"
+    if hits:
+        return "unconfirmed", f"{hits[0].message} is possible ({hits[0].reason})"
+    ccs = sorted({n.cc for n in cluster.nodes if n.cc})
+    return "trains", f"compute capability {', '.join(ccs)} and no known failure with the " \
+        "nodes' versions"
+
+
+def default_preset(cluster: ClusterSpec | None) -> tuple[str, str]:
+    """The preset a new DeepSpeed JSON starts from on this cluster, and why: the seed's bf16
+    config where bf16 trains with the GPUs and versions found, else the same in fp32."""
+    verdict, why = bf16_would_train(json.loads(preset_text(BF16_PRESET)), cluster)
+    if verdict == "trains":
+        return BF16_PRESET, f"bf16: {why}"
+    if verdict == "unknown":
+        return FP32_PRESET, f"fp32 until bf16 is known to train: {why}"
+    return FP32_PRESET, f"fp32: {why}"
 
 
 def _matrix_profile(profile: TrainingProfile, cluster: ClusterSpec | None) -> list[Finding]:
@@ -1052,7 +1219,7 @@ def check_cluster(doc: DSDocument, profile: TrainingProfile | None,
                 "bf16 kernels need Ampere (cc 8.0) or newer; older GPUs emulate it slowly or fail",
                 'set "bf16": {"enabled": false} (fp32), or train on A100/H100-class GPUs'))
         unknown = [n.name for n in cluster.nodes if not n.cc]
-        if unknown:
+        if unknown and cluster.entry != "cpu-wrapper":
             out.append(doc.finding("info", "cluster", "bf16.enabled",
                                    f"compute capability unknown on {', '.join(unknown)}"))
     estimate = None
@@ -1061,14 +1228,16 @@ def check_cluster(doc: DSDocument, profile: TrainingProfile | None,
             data, token_batch=profile.dataset_conf.batch_size,
             batch_type=profile.dataset_conf.batch_type, params=profile.params_millions * 1e6,
             gpus_per_node=max(cluster.gpus_per_node, 1), nodes=max(len(cluster.nodes), 1))
-        out += _memory_findings(profile, cluster, estimate)
+        out += _memory_findings(data, profile, cluster, estimate)
         out += _output_dir(profile, cluster)
     out += _incompatibilities(data, cluster)
     return out, estimate
 
 
-def _memory_findings(profile: TrainingProfile, cluster: ClusterSpec,
+def _memory_findings(data: Mapping[str, Any], profile: TrainingProfile, cluster: ClusterSpec,
                      estimate: MemoryEstimate | None) -> list[Finding]:
+    """The estimate against each GPU (the estimate's own explanation is the report's memory
+    paragraph, not repeated here)."""
     if estimate is None:
         problem = deepspeed_problem()
         return [Finding("info", "cluster", "dataset_conf.batch_size",
@@ -1086,18 +1255,24 @@ def _memory_findings(profile: TrainingProfile, cluster: ClusterSpec,
         if over:
             worst = min(over, key=lambda n: n.memory_gib or 0)
             pct = 100 * estimate.fraction_of(worst.memory_gib or 1)
+            bf16_advice = _bf16_off(data) and bf16_would_train(data, cluster)[0] == "trains"
             out.append(_profile_finding(
                 profile, level, "cluster", "dataset_conf.batch_size",
                 f"estimated {estimate.in_use_gib:.1f} GiB per GPU is {pct:.0f}% of "
                 f"{worst.memory_gib:.1f} GiB on {', '.join(n.name for n in over)} "
                 f"(above {limit:.0%})",
                 "the seed's thresholds: GPU memory normal below 85%, abnormal above 95%; "
-                "activations grow with the token batch. " + estimate.explain(),
-                "lower dataset_conf.batch_size, enable bf16, or use a higher ZeRO stage"))
-    if not any(n.memory_gib for n in cluster.nodes):
+                "activations grow with the token batch (see the memory estimate)",
+                "lower dataset_conf.batch_size" + (
+                    ", enable bf16," if bf16_advice else "") + " or use a higher ZeRO stage"))
+    if cluster.entry == "cpu-wrapper":
+        out.append(Finding("info", "cluster", "dataset_conf.batch_size",
+                           f"estimated {estimate.in_use_gib:.1f} GiB per GPU on GPUs; these ranks "
+                           "train on CPUs (the cpu-wrapper entry)"))
+    elif not any(n.memory_gib for n in cluster.nodes):
         out.append(Finding("info", "cluster", "dataset_conf.batch_size",
                            f"estimated {estimate.in_use_gib:.1f} GiB per GPU; GPU memory unknown "
-                           "(give --gpu or --gpu-mem-gb)", estimate.explain()))
+                           "(give --gpu or --gpu-mem-gb)"))
     return out
 
 
@@ -1121,24 +1296,32 @@ def _incompatibilities(data: Mapping[str, Any], cluster: ClusterSpec) -> list[Fi
     A failure whose versions are not known is a warning (unconfirmed), not an error."""
     by_versions: dict[tuple[tuple[str, str], ...], list[str]] = {}
     for node in cluster.nodes:
-        by_versions.setdefault(node.versions, []).append(node.name)
+        stack = node.versions + ((("compute_capability", node.cc),) if node.cc else ())
+        by_versions.setdefault(stack, []).append(node.name)
     out: list[Finding] = []
     for versions, names in by_versions.items():
         have = dict(versions)
         for hit in faults.config_incompatibilities(data, have):
             fault = hit.fault
+            if fault.id in _CHECKED_HERE:
+                continue
             unknown = [v.package for v in fault.versions if v.package not in have]
             severity: Severity = fault.severity.value  # type: ignore[assignment]
             if unknown and severity == "error":
                 severity = "warning"
             nodes = f" on {', '.join(names)}" if len(by_versions) > 1 else ""
             out.append(Finding(
-                severity, "cluster", _fault_field(hit.evidence), f"{fault.title}{nodes}",
+                severity, "cluster", _fault_field(hit.evidence),
+                f"{fault.title}{nodes} (fault {fault.id})",
                 "; ".join(p for p in (", ".join(hit.evidence), hit.detail,
                                       "unconfirmed: " + ", ".join(unknown) + " version unknown"
                                       if unknown else "") if p),
                 fault.advice))
     return out
+
+
+#: Catalog entries that :func:`check_cluster` reports itself, naming the nodes.
+_CHECKED_HERE = frozenset({"bf16-unsupported-gpu"})
 
 
 def _fault_field(evidence: Iterable[str]) -> str:
@@ -1266,16 +1449,22 @@ def validate(text: str, *, name: str = "ds_config.json", profile: TrainingProfil
     findings = list(doc.findings)
     if doc.data is None:
         return Report(findings)
-    world = cluster.world_size if cluster and cluster.world_size else 1
-    if cluster is not None and not cluster.world_size:
-        findings.append(Finding("info", "cluster", "", "no GPU known on any node: batch sizes "
-                                "were checked for a world size of 1"))
+    world = cluster.world_size if cluster is not None and cluster.world_known else None
+    if world is None:
+        why = ("no cluster known" if cluster is None else
+               f"no facts for {', '.join(cluster.unknown)}" if cluster.unknown else
+               "no node would run a rank")
+        findings.append(Finding(
+            "warning", "cluster", "train_batch_size", "world size unknown: batch checks skipped",
+            f"{why}: train_batch_size = micro batch x accumulation x world size cannot be "
+            "checked, so a wrong value fails only at launch",
+            "probe the nodes (ctrl+r in the Config screen, svconsole nodes), set gpus: in "
+            "cluster.yaml, or give --world-size"))
     findings += check_deepspeed(doc, world)
     findings += check_matrix(doc, profile, cluster)
     estimate = None
     if cluster is None:
-        findings.append(Finding("info", "cluster", "", "cluster checks skipped: no cluster "
-                                "known; batch sizes were checked for a world size of 1",
+        findings.append(Finding("info", "cluster", "", "cluster checks skipped: no cluster known",
                                 fix="give the world size and GPU (or probe the nodes)"))
     else:
         more, estimate = check_cluster(doc, profile, cluster)
@@ -1283,8 +1472,19 @@ def validate(text: str, *, name: str = "ds_config.json", profile: TrainingProfil
     if profile is None:
         findings.append(Finding("info", "matrix", "", "no training profile: batch size, data "
                                 "workers and memory not checked"))
-    findings.sort(key=_finding_order)
-    return Report(findings, estimate, world)
+    return Report(_unique(findings), estimate, world)
+
+
+def _unique(findings: Iterable[Finding]) -> list[Finding]:
+    """Each finding once (the same severity, field and message), errors first, then by line."""
+    seen: set[tuple[str, str, str, str | None]] = set()
+    out = []
+    for f in findings:
+        key = (f.severity, f.field, f.message, f.file)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return sorted(out, key=_finding_order)
 
 
 def _finding_order(f: Finding) -> tuple[int, int]:
@@ -1295,6 +1495,6 @@ __all__ = [
     "CALIBRATION", "ClusterSpec", "DSDocument", "ESTIMATE_METHOD", "Finding", "GPU_MODELS",
     "MemoryEstimate", "NodeSpec", "PRESETS", "Report", "SENSEVOICE_FIELDS", "check_cluster",
     "check_data_on_nodes", "check_deepspeed", "check_jsonl", "check_jsonl_lines", "check_matrix",
-    "deepspeed_problem", "dumps", "estimate_memory", "gpu_model", "parse", "preset_text", "save",
+    "bf16_would_train", "default_preset", "deepspeed_problem", "dumps", "estimate_memory", "gpu_model", "parse", "preset_text", "save",
     "validate", "warm_up",
 ]

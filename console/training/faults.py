@@ -213,7 +213,8 @@ CATALOG: tuple[Fault, ...] = (
         id="fusedadam-jit-arch", title="FusedAdam JIT build fails on the GPU arch list",
         severity=Severity.ERROR,
         signatures=(r"invalid literal for int\(\) with base 10: '\d*a'",),
-        versions=(VersionRange("deepspeed", seen="0.19.8"),),
+        versions=(VersionRange("deepspeed", seen="0.19.8"),
+                  VersionRange("compute_capability", low="9.0", below="10.0", if_unknown=False)),
         config_trigger=_adam_without_torch_adam,
         advice='DeepSpeed\'s FusedAdam JIT cannot parse an arch like "9.0a" (Hopper). Add '
                '"torch_adam": true to optimizer.params, or remove the optimizer block so '
