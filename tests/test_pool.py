@@ -224,6 +224,62 @@ def test_hung_node_times_out_without_stalling_others(loopback) -> None:
             assert status.state == NodeState.DOWN and "no reply within 1s" in status.reason, status
 
 
+def test_hung_node_is_marked_down_and_later_calls_fail_fast(loopback) -> None:
+    """8 calls to one hung node cost one connect_timeout, not eight; back once it answers."""
+    seen: list[NodeStatus] = []
+    with Pool(cluster_of(loopback, connect_timeout=2.0)) as warm, \
+            Pool(cluster_of(loopback, connect_timeout=2.0)) as cold:
+        warm.subscribe(seen.append)
+        assert warm.run("node1", "true").ok
+        loopback.hang(1)
+        for pool, first_words in ((warm, "timed out opening a channel"),
+                                  (cold, "no SSH handshake")):
+            started = time.monotonic()
+            results = [pool.run("node1", "true", timeout=10) for _ in range(8)]
+            elapsed = time.monotonic() - started
+            assert first_words in (results[0].error or ""), results[0]
+            assert elapsed < 2.0 + 1.5, elapsed  # the first call's timeout, then almost nothing
+            for later in results[1:]:
+                assert later.error is not None and later.error.startswith("node1 down since "), later
+                assert later.seconds < 0.5, later
+            assert pool.status("node1").state == NodeState.DOWN
+            assert all(pool.run(n, "true").ok for n in ("node0", "node3"))  # others unaffected
+        assert any(s.node == "node1" and s.reason == "channel open timed out" for s in seen)
+        loopback.resume(1)
+        for pool in (warm, cold):
+            assert pool.ping("node1", deadline=5).state == NodeState.UP  # the probe always tries
+            assert pool.run("node1", "echo back", timeout=10).stdout == "back\n"
+
+
+def test_status_changes_reach_subscribers_in_order(loopback) -> None:
+    """A change made while a subscriber still handles the previous one is published after it."""
+    with Pool(cluster_of(loopback)) as pool:
+        peer = pool._peers["node3"]
+        second_started = threading.Event()
+        order: list[str] = []
+
+        def slow(status: NodeStatus) -> None:
+            if status.reason == "first":
+                second_started.wait(1.0)  # give the second change every chance to overtake
+            order.append(status.reason)
+
+        pool.subscribe(slow)
+        first = threading.Thread(target=pool._set_status, args=(peer, NodeState.DOWN, "first"))
+        first.start()
+        wait_for(lambda: pool.status("node3").reason == "first", 5, "the first change")
+
+        def second_change() -> None:
+            second_started.set()
+            pool._set_status(peer, NodeState.UP, "second")
+
+        second = threading.Thread(target=second_change)
+        second.start()
+        first.join(5)
+        second.join(5)
+        assert order == ["first", "second"]
+        assert pool.status("node3").reason == order[-1]
+
+
 def test_health_loop_reconnects_restarted_node(loopback) -> None:
     seen: list[NodeStatus] = []
     with Pool(cluster_of(loopback, connect_timeout=2.0)) as pool:

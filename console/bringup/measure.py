@@ -73,8 +73,9 @@ def marked(text: str, tag: str) -> Any:
     return None if found is None else json.loads(found)
 
 
-def parallel(fn: Callable[[T], R], items: Sequence[T], limit: int = 32) -> list[R]:
-    """``fn`` over ``items`` in threads (at most ``limit`` at once), results in order."""
+def parallel(fn: Callable[[T], R], items: Sequence[T], limit: int) -> list[R]:
+    """``fn`` over ``items`` in threads (at most ``limit`` at once: the cluster's
+    ``ssh.max_parallel``), results in order."""
     if not items:
         return []
     with ThreadPoolExecutor(max(1, min(limit, len(items))), thread_name_prefix="svconsole-measure") as ex:
@@ -293,7 +294,7 @@ def check_master_port(pool: Pool, cluster: Cluster, nodes: list[str], options: S
             _emit_result(emit, result)
             return name, (marked(result.stdout, "SVCONNECT") if result.ok else None) or _failure(result)
 
-        answers = dict(parallel(connect, workers))
+        answers = dict(parallel(connect, workers, cluster.ssh.max_parallel))
     finally:
         srv.close()
     for name in nodes:
@@ -368,7 +369,8 @@ def measure_collective(pool: Pool, cluster: Cluster, nodes: list[str], options: 
         _emit_result(emit, result)
         return name, result
 
-    results = dict(parallel(run, list(enumerate(order))))
+    # every rank at once, whatever max_parallel says: a collective waits for all of them
+    results = dict(parallel(run, list(enumerate(order)), len(order)))
     report = None
     for name in order:
         res = results[name]
@@ -411,7 +413,8 @@ def _iperf_json(text: str) -> dict | None:
 def measure_iperf(pool: Pool, cluster: Cluster, nodes: list[str], options: SetupOptions,
                   emit: Emit) -> MeasureResult:
     """TCP throughput from the first selected node to each other one (iperf3 -J)."""
-    have = dict(parallel(lambda n: (n, pool.run(n, "command -v iperf3", timeout=30).ok), nodes))
+    have = dict(parallel(lambda n: (n, pool.run(n, "command -v iperf3", timeout=30).ok), nodes,
+                         cluster.ssh.max_parallel))
     missing = [n for n in nodes if not have[n]]
     outcomes = {n: NodeOutcome(StepState.NOT_APPLICABLE, "iperf3 is not installed")
                 for n in missing}
@@ -496,7 +499,7 @@ def measure_burnin(pool: Pool, cluster: Cluster, nodes: list[str], options: Setu
         data = marked(result.stdout, "SVBURN")
         return name, data if data is not None else _failure(result)
 
-    reports = dict(parallel(run, nodes))
+    reports = dict(parallel(run, nodes, cluster.ssh.max_parallel))
     gpus = [dict(g, node=n) for n, r in reports.items() if isinstance(r, dict) for g in r["gpus"]]
     slow = flag_slow(gpus, options.slow_gpu_ratio)
     outcomes = {}
@@ -576,7 +579,7 @@ def measure_storage(pool: Pool, cluster: Cluster, nodes: list[str], options: Set
         data = marked(result.stdout, "SVSTORE") if result.ok else None
         return name, data if data is not None else _failure(result)
 
-    reports = dict(parallel(run, nodes))
+    reports = dict(parallel(run, nodes, cluster.ssh.max_parallel))
     outcomes = {}
     for name in nodes:
         r = reports[name]

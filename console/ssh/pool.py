@@ -52,6 +52,10 @@ MAX_RESULT = 16 << 20
 """``Result.stdout``/``stderr`` keep at most this many bytes each (the rest is counted, not kept)."""
 POLL = 0.5
 """Longest single wait in a read loop: bounds how late a deadline or a cancel is noticed."""
+RETRY_DOWN_AFTER = 5.0
+"""A node found not answering (channel open or handshake timed out) is marked down: calls fail at
+once, except one call at most every this many seconds (or ``connect_timeout`` if shorter), which
+tries again; the health probe always tries. A hung node so costs one timeout, not one per call."""
 REDACTED = "********"
 
 
@@ -462,6 +466,9 @@ class _Peer:
     failures: int = 0
     next_retry: float = 0.0
     probing: bool = False
+    down: tuple[float, str] | None = None  # (monotonic time, why) it stopped answering
+    retry_at: float = 0.0  # while down: when the next call may try the node again
+    state_lock: threading.RLock = field(default_factory=threading.RLock)  # status + down
     sudo_mode: str | None = None  # one of SUDO_MODES, learnt once per connection
     sudo_lock: threading.Lock = field(default_factory=threading.Lock)
     sudo_good: bytes | None = None  # digest of the password sudo accepted here (memory only)
@@ -624,22 +631,57 @@ class Pool:
     def _set_status(
         self, peer: _Peer, state: NodeState, reason: str = "", rtt: float | None = None
     ) -> None:
-        old = peer.status
-        if old is not None and old.state == state and old.reason == reason and rtt is None:
-            return
-        if old is not None and old.state == state:
-            new = replace(old, reason=reason, rtt=rtt if rtt is not None else old.rtt)
-        else:
-            new = NodeStatus(peer.node.name, state, reason, time.time(), rtt)
-        peer.status = new
-        self._subscribers.publish(new)
+        # Under the peer's lock from the change to its publication, so that subscribers see a
+        # node's changes in the order they were made (the last one they see is the current one).
+        with peer.state_lock:
+            old = peer.status
+            if old is not None and old.state == state and old.reason == reason and rtt is None:
+                return
+            if old is not None and old.state == state:
+                new = replace(old, reason=reason, rtt=rtt if rtt is not None else old.rtt)
+            else:
+                new = NodeStatus(peer.node.name, state, reason, time.time(), rtt)
+            peer.status = new
+            self._subscribers.publish(new)
+
+    def _mark_down(self, peer: _Peer, reason: str) -> None:
+        """The node stopped answering: later calls fail fast (see :data:`RETRY_DOWN_AFTER`)."""
+        with peer.state_lock:
+            if peer.down is None:
+                peer.down = (time.monotonic(), reason)
+            peer.retry_at = time.monotonic() + self._retry_interval()
+            self._set_status(peer, NodeState.DOWN, reason)
+
+    def _mark_answering(self, peer: _Peer) -> None:
+        with peer.state_lock:
+            peer.down = None
+
+    def _retry_interval(self) -> float:
+        return min(RETRY_DOWN_AFTER, max(0.5, self.cluster.ssh.connect_timeout))
+
+    def _fail_fast(self, peer: _Peer) -> None:
+        """Raise at once for a node marked down, unless this call is the one that tries again."""
+        with peer.state_lock:
+            if peer.down is None:
+                return
+            now = time.monotonic()
+            if now >= peer.retry_at:
+                peer.retry_at = now + self._retry_interval()
+                return
+            since, reason = peer.down
+        raise _Failure(f"{peer.node.name} down since {now - since:.0f} s: {reason}",
+                       NodeState.DOWN)
 
     # ----------------------------------------------------------------- connecting
 
-    def _connect(self, peer: _Peer, deadline: float | None) -> paramiko.Transport:
-        """The peer's live transport, opening it if needed (under the peer's lock)."""
+    def _connect(self, peer: _Peer, deadline: float | None, *, probe: bool = False
+                 ) -> paramiko.Transport:
+        """The peer's live transport, opening it if needed (under the peer's lock). A node marked
+        down fails at once (see :meth:`_fail_fast`) unless ``probe`` (the health probe)."""
         if self._closed:
             raise _Failure("the pool is closed")
+        if not probe:
+            self._fail_fast(peer)
         transport = peer.transport()
         if transport is not None:
             return transport
@@ -650,18 +692,18 @@ class Pool:
             transport = peer.transport()
             if transport is not None:
                 return transport
-            return self._open(peer, deadline)
+            return self._open(peer, deadline, probe)
         finally:
             peer.lock.release()
 
-    def _open(self, peer: _Peer, deadline: float | None) -> paramiko.Transport:
+    def _open(self, peer: _Peer, deadline: float | None, probe: bool = False) -> paramiko.Transport:
         """Open a new connection to ``peer``; called with ``peer.lock`` held."""
         node = peer.node
         self._drop(peer)
         gateway = None
         if peer.gateway is not None:
             try:
-                self._connect(peer.gateway, deadline)
+                self._connect(peer.gateway, deadline, probe=probe)
             except _Failure as exc:
                 raise _Failure(f"jump host {peer.gateway.node.name}: {exc}", NodeState.DOWN) from None
             gateway = peer.gateway.conn
@@ -695,8 +737,12 @@ class Pool:
         except Exception as exc:
             conn.client.close()  # fabric's close() skips a half-open client and leaks its socket
             state, reason = _describe(exc, peer, self._where(node), limit)
-            self._set_status(peer, state, reason)
+            if _timed_out(exc) and limit >= self.cluster.ssh.connect_timeout:
+                self._mark_down(peer, reason)
+            else:
+                self._set_status(peer, state, reason)
             raise _Failure(reason, state) from None
+        self._mark_answering(peer)
         peer.conn = conn
         transport = conn.transport
         transport.set_keepalive(30)
@@ -754,15 +800,22 @@ class Pool:
             transport = self._connect(peer, deadline)
             limit = _bounded(self.cluster.ssh.connect_timeout, deadline)
             try:
-                return transport.open_session(timeout=limit)
+                channel = transport.open_session(timeout=limit)
             except paramiko.ChannelException as exc:
                 raise _Failure(f"channel refused by the server: {exc}") from None
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 if transport.is_active():
+                    if limit >= self.cluster.ssh.connect_timeout:  # not just a short deadline
+                        self._mark_down(peer, "channel open timed out")
                     raise _Timeout(f"timed out opening a channel ({exc})") from None
                 self._set_status(peer, NodeState.DOWN, "connection lost")
                 if attempt == 2:
                     raise _Failure(f"connection lost: {exc}", NodeState.DOWN) from None
+                continue
+            if peer.down is not None:
+                self._mark_answering(peer)
+                self._set_status(peer, NodeState.UP)
+            return channel
         raise AssertionError("unreachable")
 
     def _command(self, peer: _Peer, cmd: str, env: dict[str, str] | None, sudo: bool,
@@ -1012,7 +1065,7 @@ class Pool:
             return self.status(node)
         until = time.monotonic() + deadline
         try:
-            transport = self._connect(peer, until)
+            transport = self._connect(peer, until, probe=True)
             conn = peer.conn
         except _Failure as exc:
             if exc.state is not None and exc.state != NodeState.CONNECTING:
@@ -1031,8 +1084,9 @@ class Pool:
             else:
                 reason = f"connection lost ({exc or type(exc).__name__})"
             self._drop(peer, only=conn)
-            self._set_status(peer, NodeState.DOWN, reason)
+            self._mark_down(peer, reason)
             return self.status(node)
+        self._mark_answering(peer)
         self._set_status(peer, NodeState.UP, "", rtt=time.monotonic() - started)
         return self.status(node)
 
@@ -1060,7 +1114,8 @@ class Pool:
 
     def _health_loop(self, interval: float, cap: float) -> None:
         names = self.cluster.names()
-        with ThreadPoolExecutor(min(32, max(1, len(names))), thread_name_prefix="svconsole-ping") as probes:
+        workers = min(self.cluster.ssh.max_parallel, max(1, len(names)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="svconsole-ping") as probes:
             while not self._health_stop.is_set():
                 now = time.monotonic()
                 for name in names:
@@ -1109,6 +1164,13 @@ class Pool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """A connect that got no answer in time (TCP connect or SSH handshake): the node may hang."""
+    return isinstance(exc, (socket.timeout, TimeoutError)) or (
+        isinstance(exc, paramiko.SSHException)
+        and ("banner" in str(exc) or "No existing session" in str(exc)))
 
 
 def _describe(exc: BaseException, peer: _Peer, where: str, limit: float) -> tuple[NodeState, str]:

@@ -89,7 +89,7 @@ def node_calls(pool: Pool, op: str, per_node: Mapping[str, Mapping[str, Any]], *
 
     if not per_node:
         return {}
-    with ThreadPoolExecutor(min(32, len(per_node))) as executor:
+    with ThreadPoolExecutor(min(pool.cluster.ssh.max_parallel, len(per_node))) as executor:
         return dict(zip(per_node, executor.map(one, per_node), strict=True))
 
 
