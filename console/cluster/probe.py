@@ -23,6 +23,7 @@ import secrets
 import shlex
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from svconsole_scripts import probe as node_probe
 
 from console.atomic import atomic_write
-from console.ssh.remote import script_text
+from console.ssh.remote import local_python, script_text
 
 if TYPE_CHECKING:
     from console.cluster.model import Cluster
@@ -148,8 +149,10 @@ class NodeFacts:
 
 
 def probe_command(cluster: Cluster, nonce: str, *, torch_timeout: float = TORCH_TIMEOUT,
-                  rtt_targets: Iterable[str] | None = None) -> str:
-    """The shell command that runs the probe read from stdin: ``python3 -`` (else cluster.python)."""
+                  rtt_targets: Iterable[str] | None = None, local: bool = False) -> str:
+    """The shell command that runs the probe read from stdin: ``python3 -`` (else cluster.python);
+    on the ``local`` node, svconsole's own Python (it reads the GPUs through its nvidia-ml-py).
+    The training interpreter it inspects is cluster.python (python3) either way."""
     args = ["--nonce", nonce, "--shared-dir", cluster.shared_dir,
             "--torch-timeout", f"{torch_timeout:g}"]
     if cluster.python:
@@ -157,6 +160,8 @@ def probe_command(cluster: Cluster, nonce: str, *, torch_timeout: float = TORCH_
     if rtt_targets is not None:
         args += ["--rtt", *rtt_targets]
     tail = " ".join(shlex.quote(a) for a in args)
+    if local:
+        return f"exec {shlex.quote(local_python())} - {tail}"
     fallback = shlex.quote(cluster.python or "python")
     return (f"if command -v python3 >/dev/null 2>&1; then exec python3 - {tail}; "
             f"else exec {fallback} - {tail}; fi")
@@ -247,7 +252,8 @@ def probe_node(pool: Pool, cluster: Cluster, node: str, *, timeout: float = PROB
                torch_timeout: float = TORCH_TIMEOUT) -> NodeFacts:
     """Probe one node; never raises for an unreachable node or a failing probe (see ``error``)."""
     nonce = secrets.token_hex(8)
-    result = pool.run(node, probe_command(cluster, nonce, torch_timeout=torch_timeout),
+    result = pool.run(node, probe_command(cluster, nonce, torch_timeout=torch_timeout,
+                                          local=cluster.node(node).local),
                       stdin=script_text("probe.py"), timeout=timeout)
     facts = _from_result(result, nonce, time.time())
     if facts.ok:
@@ -271,7 +277,7 @@ def master_round_trips(pool: Pool, cluster: Cluster, nodes: Iterable[str], *,
     if not targets:
         return out
     nonce = secrets.token_hex(8)
-    cmd = probe_command(cluster, nonce, rtt_targets=targets.values())
+    cmd = probe_command(cluster, nonce, rtt_targets=targets.values(), local=master.local)
     result = pool.run(master.name, cmd, stdin=script_text("probe.py"),
                       timeout=timeout * max(1, len(targets)) + 30)
     try:
@@ -303,11 +309,21 @@ def probe_all(pool: Pool, cluster: Cluster, nodes: Iterable[str] | None = None, 
     """
     names = list(nodes) if nodes is not None else cluster.names()
     nonce = secrets.token_hex(8)
-    cmd = probe_command(cluster, nonce, torch_timeout=torch_timeout)
     facts: dict[str, NodeFacts] = {}
-    for result in pool.iter_run_all(cmd, nodes=names, stdin=script_text("probe.py"),
-                                    timeout=timeout):
-        facts[result.node] = _from_result(result, nonce, time.time())
+    script = script_text("probe.py")
+    local = [n for n in names if cluster.node(n).local]
+    remote = [n for n in names if n not in local]
+    # the local node's probe runs with another interpreter, alongside the remote ones
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe-local") as executor:
+        local_cmd = probe_command(cluster, nonce, torch_timeout=torch_timeout, local=True)
+        local_results = executor.submit(
+            lambda: [pool.run(n, local_cmd, stdin=script, timeout=timeout) for n in local])
+        if remote:
+            cmd = probe_command(cluster, nonce, torch_timeout=torch_timeout)
+            for result in pool.iter_run_all(cmd, nodes=remote, stdin=script, timeout=timeout):
+                facts[result.node] = _from_result(result, nonce, time.time())
+        for result in local_results.result():
+            facts[result.node] = _from_result(result, nonce, time.time())
     up = [n for n in names if facts[n].ok]
     for name, status in (pool.ping_all(nodes=up) if up else {}).items():
         facts[name].rtt_ms = _rtt_ms(status)

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from console.ssh.remote import script_path
+from console.ssh.remote import local_python, script_path
 from console.subscribers import Subscribers
 
 log = logging.getLogger(__name__)
@@ -668,9 +668,12 @@ class Telemetry:
                  nodes: Iterable[str] | None = None, simulate: str | Path | None = None,
                  sim_gpus: int = 8, history_s: float = 3600.0):
         names = list(nodes) if nodes is not None else cluster.names()
+        # the local node's agent runs with svconsole's own Python, which has nvidia-ml-py
         self.collectors = {
-            n: Collector(pool, n, interval=interval, python=cluster.python, simulate=simulate,
-                         sim_gpus=sim_gpus, history_s=history_s) for n in names}
+            n: Collector(pool, n, interval=interval,
+                         python=local_python() if cluster.node(n).local else cluster.python,
+                         simulate=simulate, sim_gpus=sim_gpus, history_s=history_s)
+            for n in names}
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Call ``callback`` for every node's updates; returns the unsubscribe function."""

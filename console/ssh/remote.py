@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -16,3 +17,10 @@ def script_path(name: str) -> Path:
 
 def script_text(name: str) -> str:
     return script_path(name).read_text(encoding="utf-8")
+
+
+def local_python() -> str:
+    """The interpreter that runs svconsole's node-side programs (probe, GPU agent) on the local
+    node: the Python running svconsole, which has svconsole's dependencies (nvidia-ml-py among
+    them) whatever ``python3`` on PATH is. Remote nodes run them with their own Python."""
+    return sys.executable
