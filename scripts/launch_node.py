@@ -44,6 +44,8 @@ import base64
 import contextlib
 import json
 import os
+import posixpath
+import re
 import shutil
 import signal
 import socket
@@ -56,6 +58,46 @@ RUN_VAR, NODE_VAR, RECORD_VAR = "SVCONSOLE_RUN_ID", "SVCONSOLE_NODE", "SVCONSOLE
 PACKAGES = ("torch", "deepspeed", "funasr")
 MAX_CHUNK = 512 * 1024
 """A log line longer than this (bytes) is sent in pieces of this size."""
+RUN_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{4,16}")
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+class BadArgs(ValueError):
+    """Arguments this script refuses to act on (see :func:`check_args`)."""
+
+
+def _clean(path: object) -> bool:
+    return (isinstance(path, str) and path.startswith("/") and path != "/"
+            and not path.startswith("//") and posixpath.normpath(path) == path
+            and not any(ord(c) < 32 for c in path))
+
+
+def check_args(op: str, args: dict) -> None:
+    """What a run's arguments must look like before a pid is signalled, a file written or a
+    log read: the run id and node name as svconsole makes them, clean absolute paths, the exit
+    and pid files ``.../svconsole/<run>/<node>.exit|.pid``, the log ``.../logs/<node>.log``
+    (the console checks the same of every record; this is the node's own guard)."""
+    if op not in ("start", "status", "stop", "follow"):
+        return
+    run_id, node = args.get("run_id"), args.get("node")
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+        raise BadArgs(f"run id {run_id!r:.60} is not a run id")
+    if not isinstance(node, str) or not NODE_NAME.fullmatch(node):
+        raise BadArgs(f"node {node!r:.60} is not a node name")
+    suffixes = {"exit_file": f"/svconsole/{run_id}/{node}.exit", "log": f"/logs/{node}.log"}
+    if op == "start":
+        suffixes["pid_file"] = f"/svconsole/{run_id}/{node}.pid"
+        if not _clean(args.get("record")) or not args["record"].endswith("/svconsole-run.json"):
+            raise BadArgs(f"record {args.get('record')!r:.80} is not a run record's path")
+    for key, suffix in suffixes.items():
+        value = args.get(key)
+        if not _clean(value) or not value.endswith(suffix):
+            raise BadArgs(f"{key} {value!r:.80} is not a clean absolute path ending {suffix}")
+    for key in ("pid", "start_ticks"):
+        value = args.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < (2 if key == "pid" else 0)):
+            raise BadArgs(f"{key} {value!r:.40} is not a process of a run")
 
 
 def reply(payload: object) -> None:
@@ -111,6 +153,51 @@ def run_processes(run_id: str | None, node: str) -> dict[int, str]:
     return found
 
 
+def _cmdline(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return int(data[data.rindex(")") + 2:].split()[1])
+
+
+def is_supervisor(args: dict) -> bool:
+    """Is ``args["pid"]`` really this run's supervisor on this node (not merely a live pid a
+    record names)? It must be alive with the recorded start time, lead its own session and
+    process group, and be ``python - start PAYLOAD`` whose payload names this run, node and
+    record; or, where the payload is not on its command line, be the parent of a process whose
+    environment carries this run's and node's tags."""
+    pid, ticks = args.get("pid"), args.get("start_ticks")
+    if not isinstance(pid, int) or pid <= 1 or ticks is None or not alive(pid, ticks):
+        return False
+    try:
+        if os.getpgid(pid) != pid or os.getsid(pid) != pid:
+            return False
+    except OSError:
+        return False
+    argv = _cmdline(pid)
+    if b"start" not in argv[1:] or b"-" not in argv[1:]:
+        return False
+    payload = argv[argv.index(b"start") + 1:]
+    try:
+        said = json.loads(base64.b64decode(payload[0], validate=True)) if payload else None
+    except (ValueError, TypeError):
+        said = None
+    if isinstance(said, dict) and "run_id" in said:
+        return said.get("run_id") == args["run_id"] and said.get("node") == args["node"] \
+            and (args.get("record") is None or said.get("record") == args["record"])
+    return any(_ppid(child) == pid for child in run_processes(args["run_id"], args["node"]))
+
+
 def record_of(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -131,8 +218,12 @@ def read_json(path: str) -> dict | None:
 
 
 def write_json(path: str, data: dict) -> None:
+    """Write ``path`` atomically through a temp file created anew (never through a link)."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
         json.dump(data, f)
         f.flush()
         os.fsync(f.fileno())
@@ -342,7 +433,7 @@ def status(args: dict) -> dict:
         size = os.path.getsize(args["log"])
     except OSError:
         size = None
-    return {"alive": alive(args.get("pid"), args.get("start_ticks")),
+    return {"alive": is_supervisor(args),
             "processes": sorted(run_processes(args["run_id"], args["node"])),
             "exit": read_json(args["exit_file"]), "log_size": size}
 
@@ -358,7 +449,7 @@ def _signal_all(pgid: int | None, pids: list[int], sig: int) -> None:
 
 def _left(args: dict) -> list[int]:
     left = set(run_processes(args["run_id"], args["node"]))
-    if alive(args.get("pid"), args.get("start_ticks")):
+    if is_supervisor(args):
         left.add(args["pid"])
     return sorted(left)
 
@@ -371,7 +462,7 @@ def _wait_gone(args: dict, seconds: float) -> list[int]:
 
 
 def stop(args: dict) -> dict:
-    pgid = args.get("pid") if alive(args.get("pid"), args.get("start_ticks")) else None
+    pgid = args["pid"] if is_supervisor(args) else None  # never a pid a record merely names
     first = _left(args)
     _signal_all(pgid, first, signal.SIGTERM)
     left = _wait_gone(args, float(args.get("grace", 20)))
@@ -380,7 +471,8 @@ def stop(args: dict) -> dict:
         killed = left
         _signal_all(pgid, left, signal.SIGKILL)
         left = _wait_gone(args, 10.0)
-    if not left and args.get("exit_file") and not os.path.exists(args["exit_file"]):
+    if not left and os.path.isdir(os.path.dirname(args["exit_file"])) \
+            and not os.path.lexists(args["exit_file"]):
         # the supervisor was killed before it could record the end: record the stop for it
         write_json(args["exit_file"], {"code": -signal.SIGKILL if killed else None,
                                        "stop_signal": signal.SIGKILL if killed else signal.SIGTERM,
@@ -471,6 +563,11 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"usage: launch_node.py {{{'|'.join(OPERATIONS)}|follow}} BASE64-JSON\n")
         return 2
     args = json.loads(base64.b64decode(argv[1]))
+    try:
+        check_args(argv[0], args)
+    except BadArgs as exc:
+        sys.stderr.write(f"launch_node.py {argv[0]}: refused: {exc}\n")
+        return 2
     if argv[0] == "follow":
         follow(args)
     else:

@@ -435,20 +435,23 @@ def test_run_watcher_finds_a_live_run_follows_its_log_and_drops_it_after_the_end
     """A run in the local index whose supervisor is alive on node0 (a stand-in process here;
     the log is the real FunASR one) is found, followed over SSH into a store, and dropped once
     its logs ended and the retention passed."""
+    from test_runs import stand_in_supervisor
+
     from console.exporter import RunWatcher
-    from console.training.runs import NodeRun, RunRecord, index_record, new_run_id
+    from console.training.runs import NodeRun, RunRecord, index_record, new_run_id, run_dir
 
     cluster = load_cluster(loopback.cluster_yaml)
     log = tmp_path / "logs" / "node0.log"
     log.parent.mkdir()
     log.write_bytes(TRAIN_LOG.read_bytes())
-    supervisor = subprocess.Popen(["sleep", "120"])
-    record = RunRecord(id=new_run_id(), created=time.time(), cluster=cluster.name,
+    run_id = new_run_id()
+    own = run_dir(str(tmp_path), run_id)
+    record = RunRecord(id=run_id, created=time.time(), cluster=cluster.name,
                        output_dir=str(tmp_path), master="node0",
                        nodes=[NodeRun(node="node0", node_rank=0, log=str(log),
-                                      pid_file=str(tmp_path / "node0.pid"),
-                                      exit_file=str(tmp_path / "node0.exit.json"),
-                                      pid=supervisor.pid)])
+                                      pid_file=f"{own}/node0.pid",
+                                      exit_file=f"{own}/node0.exit")])
+    supervisor = stand_in_supervisor(record, "node0")
     index_record(record, tmp_path)
     want = last_train_line(TRAIN_LOG)
     try:

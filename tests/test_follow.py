@@ -14,17 +14,30 @@ from console.cluster.model import load_cluster
 from console.ssh.pool import Pool
 from console.training.follow import FollowError, LogFollower, Position, RunFollower, read_run
 from console.training.logparse import TrainStep, parse_file
-from console.training.runs import NodeRun, RunRecord
+from console.training.runs import NodeRun, RunRecord, run_dir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
 REAL_LOG = FIXTURES / "funasr-sensevoicesmall-zero1-fp32-bs6000.log"
 
 
-def record_for(logs: dict[str, Path], done: Path) -> RunRecord:
-    """A run record for logs written by the test (the writer's end is the file ``done``)."""
-    return RunRecord("20261130-000000-test", 0.0, "loopback", str(done.parent), "node0",
-                     [NodeRun(node, rank, str(path), "", str(done))
-                      for rank, (node, path) in enumerate(logs.items())])
+RUN_ID = "20261130-000000-7e57"
+
+
+def record_for(out: Path, nodes: list[str]) -> RunRecord:
+    """A run record for logs the test writes in ``out`` where a launch puts them (each node's
+    writer ends by creating the node's exit file); the directories are made."""
+    own = Path(run_dir(str(out), RUN_ID))
+    own.mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(exist_ok=True)
+    return RunRecord(RUN_ID, 0.0, "loopback", str(out), nodes[0],
+                     [NodeRun(node, rank, f"{out}/logs/{node}.log", f"{own}/{node}.pid",
+                              f"{own}/{node}.exit")
+                      for rank, node in enumerate(nodes)])
+
+
+def paths(record: RunRecord, node: str) -> tuple[Path, Path]:
+    """The node's log and exit file."""
+    return Path(record.node(node).log), Path(record.node(node).exit_file)
 
 
 def write_slowly(path: Path, data: bytes, done: Path, *, seconds: float, seed: int = 0) -> None:
@@ -54,13 +67,13 @@ def lb2(fresh_loopback):
 
 def test_reconnect_after_sshd_is_killed_neither_loses_nor_repeats(lb2):
     lb, pool = lb2
-    log, done = lb.shared_dir / "node1.log", lb.shared_dir / "done"
+    record = record_for(lb.shared_dir / "out", ["node1"])
+    log, done = paths(record, "node1")
     head = b"written before the follower started\n" * 3
     log.write_bytes(head)
     data = REAL_LOG.read_bytes() + "末行 без перевода строки".encode()  # ends mid-line
     got: list = []
-    follower = LogFollower(pool, record_for({"node1": log}, done), NodeRun(
-        "node1", 0, str(log), "", str(done)), position=Position(len(head), 3),
+    follower = LogFollower(pool, record, record.nodes[0], position=Position(len(head), 3),
         on_events=lambda node, events: got.extend(events), heartbeat=0.5, retry_max=1.0)
     half = len(data) // 2 + 17  # mid-line
     with open(log, "ab") as f:
@@ -93,13 +106,13 @@ def test_reconnect_after_sshd_is_killed_neither_loses_nor_repeats(lb2):
 
 def test_run_follower_feeds_the_store_and_coalesces_updates(lb2):
     lb, pool = lb2
-    done = lb.shared_dir / "done"
-    logs = {"node0": lb.shared_dir / "node0.log", "node1": lb.shared_dir / "node1.log"}
+    record = record_for(lb.shared_dir / "out", ["node0", "node1"])
+    logs = {n: paths(record, n)[0] for n in ("node0", "node1")}
     lines = REAL_LOG.read_bytes()
     for path in logs.values():
         path.write_bytes(b"")
     updates: list = []
-    follower = RunFollower(pool, record_for(logs, done), interval=0.3, heartbeat=0.5)
+    follower = RunFollower(pool, record, interval=0.3, heartbeat=0.5)
     follower.subscribe(lambda update: updates.append((time.monotonic(), update)))
     follower.start()
     try:
@@ -107,7 +120,8 @@ def test_run_follower_feeds_the_store_and_coalesces_updates(lb2):
             with open(path, "ab") as f:
                 for _ in range(5):
                     f.write(lines)
-        done.touch()
+        for node in logs:
+            paths(record, node)[1].touch()
         assert follower.wait(60), {n: f.state for n, f in follower.followers.items()}
     finally:
         follower.stop()
@@ -125,9 +139,9 @@ def test_run_follower_feeds_the_store_and_coalesces_updates(lb2):
 
 def test_read_run_reads_to_the_current_end_and_names_a_dead_node(lb2):
     lb, pool = lb2
-    log, done = lb.shared_dir / "node0.log", lb.shared_dir / "never"
+    record = record_for(lb.shared_dir / "out", ["node0"])
+    log = paths(record, "node0")[0]
     log.write_bytes(b"one\ntwo\nthree")
-    record = record_for({"node0": log}, done)
     assert [e.text for _, e in read_run(pool, record)] == ["one", "two", "three"]
     lb.kill(0)
     with pytest.raises(FollowError, match="node0: cannot read"):

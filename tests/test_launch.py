@@ -115,8 +115,9 @@ def test_edited_deepspeed_json_is_shipped_with_the_run(lb2, tmp_path):
                          "bf16": {"enabled": False}, "zero_optimization": {"stage": 7}})
     infos = {n.name: info(n.name, gpus=[0]) for n in cluster.nodes}
     options = LaunchOptions(deepspeed_json=edited)
-    plan = build_plan(cluster, profile, infos, options, run_id="r7")
-    shipped = f"{out}/svconsole/r7/ds_config.json"
+    run_id = runs.new_run_id()
+    plan = build_plan(cluster, profile, infos, options, run_id=run_id)
+    shipped = f"{out}/svconsole/{run_id}/ds_config.json"
     assert f"++train_conf.deepspeed_config={shipped}" in plan.overrides
     check = launching._config_check(pool, plan, profile, infos)
     assert not check.ok and "zero_optimization.stage" in check.message, check
@@ -183,7 +184,8 @@ def test_preflight_names_every_failure_and_launch_refuses(lb2, tmp_path):
     busy = runs.new_run_id()
     other = LaunchPlan(busy, cluster.name, "node1", "127.0.1.2", 1, str(lb.shared_dir / "other"),
                        "train_ds", [], [NodePlan("node1", "127.0.1.2", 0, 1, ["sleep", "120"], {},
-                                                 str(lb.shared_dir), str(lb.shared_dir / "o.log"))])
+                                                 str(lb.shared_dir),
+                                                 f"{lb.shared_dir}/other/logs/node1.log")])
     record = launching.launch(pool, Preparation({}, other, [], profile), tmp_path)
     port = socket.socket()
     port.bind(("127.0.1.1", cluster.master_port))

@@ -7,9 +7,11 @@ same path is in tests/test_launch.py.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -56,6 +58,22 @@ def tagged(run_id: str) -> dict[int, str]:
             node = [v for v in env if v.startswith(b"SVCONSOLE_NODE=")][0].split(b"=")[1]
             found[int(entry)] = node.decode()
     return found
+
+
+def stand_in_supervisor(record: runs.RunRecord, node: str, seconds: float = 120
+                        ) -> subprocess.Popen:
+    """A process the node script takes for the run's supervisor on ``node`` (a session leader
+    running ``python - start PAYLOAD`` that names the run), sleeping ``seconds``; its pid and
+    start time are set in the record."""
+    payload = base64.b64encode(json.dumps({"run_id": record.id, "node": node,
+                                           "record": record.record_path}).encode())
+    proc = subprocess.Popen([sys.executable, "-", "start", payload.decode()],
+                            stdin=subprocess.PIPE, start_new_session=True)
+    assert proc.stdin is not None
+    proc.stdin.write(f"import time; time.sleep({seconds})\n".encode())
+    proc.stdin.close()
+    record.node(node).pid, record.node(node).start_ticks = proc.pid, start_ticks_of(proc.pid)
+    return proc
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -273,3 +291,145 @@ def test_cli_logs_follow_and_stop_asks_first(cluster2, pools, tmp_path, capsys, 
         assert "no run 'nope'" in capsys.readouterr().err
     finally:
         runs.stop_run(pool, record, grace=1)
+
+
+# ---------------------------------------------------------------- hostile records
+
+
+def good_record_data(out: str = "/data/shared/out", run_id: str = "20261130-004512-3fa2"
+                     ) -> dict:
+    """A record's JSON as launch writes it (two nodes)."""
+    own = runs.run_dir(out, run_id)
+    return {"id": run_id, "created": 1.0, "cluster": "loopback", "output_dir": out,
+            "master": "node0", "plan": {}, "profile": {}, "resumed_from": None,
+            "nodes": [{"node": n, "node_rank": i, "log": f"{out}/logs/{n}.log",
+                       "pid_file": f"{own}/{n}.pid", "exit_file": f"{own}/{n}.exit",
+                       "pid": 4242 + i, "start_ticks": 100, "child": 4300 + i,
+                       "log_offset": 0, "started": 2.0}
+                      for i, n in enumerate(("node0", "node1"))]}
+
+
+def hostile(change) -> dict:
+    data = good_record_data()
+    change(data)
+    return data
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (hostile(lambda d: d.update(id="../../outside")), r"id: '\.\./\.\./outside' is not a run id"),
+    (hostile(lambda d: d.update(id=7)), r"\.id: int 7 is not of the right type"),
+    (hostile(lambda d: d.update(evil=1)), r"\.evil: unknown field"),
+    (hostile(lambda d: d.pop("nodes")), r"\.nodes: missing"),
+    (hostile(lambda d: d.update(nodes=[])), r"nodes: empty"),
+    (hostile(lambda d: d.update(output_dir="/data/../etc")), r"output_dir: .* not a clean"),
+    (hostile(lambda d: d.update(output_dir="/")), r"output_dir: '/' is not a clean"),
+    (hostile(lambda d: d.update(master="elsewhere")), r"master: 'elsewhere' is not one of"),
+    (hostile(lambda d: d["nodes"][1].update(node="node0")), r"nodes\[1\]\.node: 'node0' .*twice"),
+    (hostile(lambda d: d["nodes"][0].update(node="../x")), r"nodes\[0\]\.node: '\.\./x' is not"),
+    (hostile(lambda d: d["nodes"][0].update(log="/etc/shadow")),
+     r"nodes\[0\]\.log: '/etc/shadow' is not /data/shared/out/logs/node0\.log"),
+    (hostile(lambda d: d["nodes"][0].update(log="/data/shared/out/logs/../../../etc/x")),
+     r"nodes\[0\]\.log: .* is not /data/shared/out/logs/node0\.log"),
+    (hostile(lambda d: d["nodes"][1].update(exit_file="/etc/cron.d/x")),
+     r"nodes\[1\]\.exit_file: '/etc/cron\.d/x' is not /data/shared/out/svconsole/"),
+    (hostile(lambda d: d["nodes"][0].update(pid_file="/tmp/x.pid")), r"nodes\[0\]\.pid_file"),
+    (hostile(lambda d: d["nodes"][0].update(pid=1)), r"nodes\[0\]\.pid: 1 is not a process"),
+    (hostile(lambda d: d["nodes"][0].update(pid=-5)), r"nodes\[0\]\.pid: -5 is not a process"),
+    (hostile(lambda d: d["nodes"][0].update(pid=True)), r"nodes\[0\]\.pid: bool"),
+    (hostile(lambda d: d["nodes"][0].update(pid="1; rm -rf /")), r"nodes\[0\]\.pid: str"),
+    (hostile(lambda d: d["nodes"][0].update(log_offset=-1)), r"negative rank, offset"),
+    (hostile(lambda d: d.update(resumed_from="../x")), r"resumed_from: '\.\./x' is not a run"),
+    (["not", "a", "record"], r"not a JSON object"),
+])
+def test_hostile_records_are_refused_with_the_field_named(data, message):
+    with pytest.raises(runs.BadRecord, match=message):
+        runs.check_record(data, "node0:/data/shared/out/svconsole-run.json")
+    assert runs.check_record(good_record_data(), "x").id == "20261130-004512-3fa2"
+
+
+def test_a_bad_record_in_the_index_is_skipped_and_none_is_written_outside(tmp_path):
+    state = tmp_path / "state"
+    good = runs.check_record(good_record_data(), "x")
+    runs.index_record(good, state)
+    bad = runs.RunRecord.from_dict(good_record_data())
+    bad.id = "../../outside"
+    with pytest.raises(runs.BadRecord, match="is not a run id"):
+        runs.index_record(bad, state)
+    assert not (tmp_path / "outside.json").exists()
+    planted = good_record_data(run_id="20261130-004512-beef")
+    planted["nodes"][0]["exit_file"] = "/etc/passwd"
+    (state / "runs" / "20261130-004512-beef.json").write_text(json.dumps(planted))
+    (state / "runs" / "20261130-004512-dead.json").write_text(json.dumps(good_record_data()))
+    assert [r.id for r in runs.load_index(state)] == [good.id]  # the misfiled copy too
+
+
+def start_ticks_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+def test_planted_records_on_a_node_are_never_indexed_followed_or_signalled(cluster2, pools,
+                                                                          tmp_path):
+    """Processes on node0 name planted records in SVCONSOLE_RECORD: one whose id is
+    ``../../outside``, one whose log is /etc/passwd, and one well-formed record whose pid is
+    an innocent session leader (its start time copied). The first two are never indexed (no
+    file outside the state directory); the third is listed, but its pid is not taken for the
+    run's supervisor: stopping it leaves the innocent process alive."""
+    lb, cluster = cluster2
+    pool = Pool(cluster)
+    pools.append(pool)
+    state = tmp_path / "state" / "svconsole"
+    innocent = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    planted: list[subprocess.Popen] = []
+
+    def plant(name: str, data: dict) -> None:
+        out = lb.shared_dir / name
+        out.mkdir()
+        (out / "svconsole-run.json").write_text(json.dumps(data))
+        env = {**os.environ, "SVCONSOLE_RUN_ID": data["id"], "SVCONSOLE_NODE": "node0",
+               "SVCONSOLE_RECORD": str(out / "svconsole-run.json")}
+        planted.append(subprocess.Popen(["sleep", "300"], env=env))
+
+    try:
+        outside = good_record_data(str(lb.shared_dir / "a"), "20261130-000001-aaaa")
+        outside["id"] = "../../outside"
+        plant("a", outside)
+        leak = good_record_data(str(lb.shared_dir / "b"), "20261130-000002-bbbb")
+        leak["nodes"][0]["log"] = "/etc/passwd"
+        plant("b", leak)
+        decoy = good_record_data(str(lb.shared_dir / "c"), "20261130-000003-cccc")
+        decoy["nodes"][0].update(pid=innocent.pid, start_ticks=start_ticks_of(innocent.pid))
+        decoy["nodes"][1].update(pid=innocent.pid, start_ticks=start_ticks_of(innocent.pid))
+        plant("c", decoy)
+
+        found = runs.find_runs(pool, state)
+        assert [s.record.id for s in found] == ["20261130-000003-cccc"]
+        assert sorted(p.name for p in (state / "runs").iterdir()) == ["20261130-000003-cccc.json"]
+        assert not list(tmp_path.rglob("outside*")) and not list(lb.shared_dir.rglob("outside*"))
+        status = found[0]
+        assert not status.nodes["node0"].alive and not status.nodes["node1"].alive
+        assert status.nodes["node0"].processes == [planted[2].pid]  # only the tagged process
+
+        result = runs.stop_run(pool, status.record, grace=1)
+        assert result["node0"].terminated == [planted[2].pid], result
+        assert innocent.poll() is None, "the innocent session leader was signalled"
+        assert planted[2].wait(10) is not None
+        assert planted[0].poll() is None and planted[1].poll() is None  # never asked
+    finally:
+        for proc in (innocent, *planted):
+            proc.kill()
+            proc.wait()
+
+
+def test_the_node_script_refuses_paths_and_ids_of_no_run(cluster2, pools):
+    """The node's own guard, whatever the console sends: nothing signalled, written or read."""
+    lb, cluster = cluster2
+    pool = Pool(cluster)
+    pools.append(pool)
+    out = str(lb.shared_dir / "out")
+    ok = runs.node_args(runs.check_record(good_record_data(out), "x"),
+                        runs.check_record(good_record_data(out), "x").nodes[0])
+    for bad in ({"run_id": "../../x"}, {"exit_file": "/etc/cron.d/x"}, {"log": "/etc/passwd"},
+                {"node": "node0; true"}, {"pid": 1}, {"pid": "1"}):
+        with pytest.raises(runs.NodeCallError, match="refused"):
+            runs.node_call(pool, "node0", "stop", {**ok, **bad, "grace": 0})
+    assert runs.node_call(pool, "node0", "status", ok)["alive"] is False

@@ -30,7 +30,7 @@ from console.training.launch import LaunchOptions, NodeInfo, build_plan
 from console.training.logparse import LogParser, TrainStep, ValResult, parse_file
 from console.training.metrics import MetricsStore
 from console.training.profile import default_profile
-from console.training.runs import NodeRun, RunRecord, index_record
+from console.training.runs import NodeRun, RunRecord, index_record, run_dir
 from screens.app import SVConsoleApp
 from screens.gpus import GPUsScreen
 from screens.messages import MetricsExported, RunProgress
@@ -55,18 +55,21 @@ def offline_cluster() -> Cluster:
     return Cluster(name="sv-h200", nodes=nodes, shared_dir="/data/shared", master="node0")
 
 
-def a_record(cluster: Cluster, logs: dict[str, Path], run_id: str = RUN_ID) -> RunRecord:
-    """A run record with the real plan of ``cluster`` (as build_plan makes it)."""
+def a_record(cluster: Cluster, run_id: str = RUN_ID,
+             out: str = "/data/shared/outputs/fp32_bs6000") -> RunRecord:
+    """A run record with the real plan of ``cluster`` (as build_plan makes it), its logs and
+    exit files in ``out`` where a launch puts them."""
     infos = {n: NodeInfo(n, python="/opt/venv/bin/python", torchrun="/opt/venv/bin/torchrun",
                          train_ds="/opt/venv/lib/funasr/bin/train_ds.py", cpus=32, gpus=[0],
                          versions={"torch": "2.11.0", "deepspeed": "0.19.8",
                                    "funasr": "1.4.16"})
              for n in cluster.names()}
-    profile = default_profile().replace("output_dir", "/data/shared/outputs/fp32_bs6000")
+    profile = default_profile().replace("output_dir", out)
     plan = build_plan(cluster, profile, infos, LaunchOptions(), run_id=run_id)
+    own = run_dir(plan.output_dir, run_id)
     return RunRecord(run_id, NOW - 600, cluster.name, plan.output_dir, plan.master,
-                     [NodeRun(n, i, str(logs.get(n, f"/nonexistent/{n}.log")),
-                              f"/tmp/{n}.pid", f"/tmp/{n}.exit")
+                     [NodeRun(n, i, f"{plan.output_dir}/logs/{n}.log", f"{own}/{n}.pid",
+                              f"{own}/{n}.exit")
                       for i, n in enumerate(cluster.names())],
                      plan.to_dict(), profile.to_dict())
 
@@ -127,7 +130,8 @@ async def settle(pilot) -> None:
 
 
 def fed_run(screen: TrainingScreen, logs: dict[str, Path]) -> Feeder:
-    record = a_record(screen.console.cluster, logs)
+    """The screen shows a run (of ``logs``' nodes) whose lines the test feeds."""
+    record = a_record(screen.console.cluster)
     store = MetricsStore(clock=lambda: NOW)
     screen.show_run(record, store, "running")
     return Feeder(screen, store, record)
@@ -370,12 +374,14 @@ async def wait_until(pilot, predicate, timeout: float, what: str) -> None:
 
 def ended_run_on_node1(cluster_yaml: Path, tmp_path: Path, run_id: str) -> tuple[RunRecord, Path]:
     """A finished run of node1 alone (its exit file written) whose log is the real fp32 log."""
-    log = tmp_path / "node1.log"
-    log.write_bytes(FP32.read_bytes())
-    (tmp_path / "node1.exit").write_text(json.dumps({"code": 0}))
-    record = a_record(load_cluster(cluster_yaml), {"node1": log}, run_id=run_id)
+    record = a_record(load_cluster(cluster_yaml), run_id, str(tmp_path / "out"))
     record.nodes = [n for n in record.nodes if n.node == "node1"]
-    record.nodes[0].exit_file = str(tmp_path / "node1.exit")
+    record.master = "node1"
+    log, done = Path(record.nodes[0].log), Path(record.nodes[0].exit_file)
+    log.parent.mkdir(parents=True)
+    log.write_bytes(FP32.read_bytes())
+    done.parent.mkdir(parents=True)
+    done.write_text(json.dumps({"code": 0}))
     return record, log
 
 

@@ -34,15 +34,19 @@ from typing import Any, Literal
 
 from console.bringup.model import nccl_env_file
 from console.cluster.model import Cluster
+from console.cluster.redact import redact, redact_env
 from console.ssh.pool import Pool, RemoteError
 from console.ssh.remote import script_text
 from console.training import dsconfig
 from console.training.profile import TrainingProfile, parse_profile
 from console.training.runs import (
+    BadRecord,
     NodeRun,
     RunRecord,
     new_run_id,
     node_calls,
+    put_record,
+    run_dir,
     save_record,
     stop_run,
 )
@@ -174,7 +178,8 @@ class LaunchPlan:
         return sum(n.nproc for n in self.nodes)
 
     def describe(self) -> str:
-        """The whole plan as text for the operator, every command and variable in full."""
+        """The whole plan as text for the operator, every command and variable in full (the
+        values of secret variables, ``*TOKEN*`` and the like, as ``********``)."""
         per = {n.nproc for n in self.nodes}
         procs = f"{per.pop()} process(es) each" if len(per) == 1 else "processes per node vary"
         lines = [
@@ -187,7 +192,7 @@ class LaunchPlan:
         for n in self.nodes:
             lines += ["", f"[{n.node}] node rank {n.node_rank}, host {n.host}, {n.nproc} process(es)",
                       f"  cwd: {n.cwd}", f"  log: {n.log}", "  env:"]
-            lines += [f"    {k}={v}" for k, v in n.env.items()]
+            lines += [f"    {k}={v}" for k, v in redact_env(n.env).items()]
             head = [a for a in n.argv if not a.startswith("++")]
             lines.append("  command: " + shlex.join(head) + " \\")
             tail = [a for a in n.argv if a.startswith("++")]
@@ -303,10 +308,13 @@ class Check:
     ok: bool
     message: str
     node: str | None = None
+    warning: bool = False
+    """Passed, but worth the operator's eye (e.g. a hostname that resolves to loopback)."""
 
     def __str__(self) -> str:
         where = f"{self.node}: " if self.node else ""
-        return f"[{'ok' if self.ok else 'FAIL'}] {self.name}: {where}{self.message}"
+        mark = "FAIL" if not self.ok else "warn" if self.warning else "ok"
+        return f"[{mark}] {self.name}: {where}{self.message}"
 
 
 def _node_checks(info: NodeInfo, profile: TrainingProfile, master: str) -> list[Check]:
@@ -416,8 +424,9 @@ class Preparation:
         return self.plan is not None and not self.failures
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "checks": [asdict(c) for c in self.checks],
-                "plan": self.plan.to_dict() if self.plan else None}
+        """For output (JSON): secret values redacted."""
+        return redact({"ok": self.ok, "checks": [asdict(c) for c in self.checks],
+                       "plan": self.plan.to_dict() if self.plan else None})
 
 
 def prepare(pool: Pool, profile: TrainingProfile, options: LaunchOptions = LaunchOptions(),
@@ -438,6 +447,10 @@ def prepare(pool: Pool, profile: TrainingProfile, options: LaunchOptions = Launc
         checks.append(Check("plan", False, str(exc).replace("\n", "; ")))
     if plan is not None and profile.train_conf.use_deepspeed:
         checks.append(_config_check(pool, plan, profile, infos))
+    if plan is not None:  # between the nodes: ports, shared output_dir, interfaces, data files
+        from console.training.preflight import preflight
+
+        checks += preflight(pool, plan, profile)
     return Preparation(infos, plan, checks, profile)
 
 
@@ -461,11 +474,11 @@ def launch(pool: Pool, prep: Preparation, state_dir: Path, *, force: bool = Fals
     plan = prep.plan
     if plan is None or (prep.failures and not force):
         raise LaunchError("pre-flight failed:\n" + "\n".join(str(c) for c in prep.failures))
-    run_dir = f"{plan.output_dir}/svconsole/{plan.run_id}"
+    own = run_dir(plan.output_dir, plan.run_id)
     record = RunRecord(
         plan.run_id, time.time(), plan.cluster, plan.output_dir, plan.master,
-        [NodeRun(n.node, n.node_rank, n.log, f"{run_dir}/{n.node}.pid",
-                 f"{run_dir}/{n.node}.exit") for n in plan.nodes],
+        [NodeRun(n.node, n.node_rank, n.log, f"{own}/{n.node}.pid",
+                 f"{own}/{n.node}.exit") for n in plan.nodes],
         plan.to_dict(), prep.profile.to_dict(), resumed_from)
     try:
         if plan.entry == "cpu-wrapper":
@@ -474,8 +487,8 @@ def launch(pool: Pool, prep: Preparation, state_dir: Path, *, force: bool = Fals
             for node in plan.nodes:  # one after another: on shared storage they race
                 pool.put(node.node, plan.options.deepspeed_json.encode(),
                          shipped_ds_config(plan.output_dir, plan.run_id))
-        save_record(pool, record, state_dir)
-    except RemoteError as exc:
+        put_record(pool, record)  # the processes name it: it must be there before they start
+    except (RemoteError, BadRecord) as exc:
         raise LaunchError(str(exc)) from None
     per_node = {n.node: {"run_id": plan.run_id, "node": n.node, "argv": n.argv, "env": n.env,
                          "cwd": n.cwd, "log": n.log, "pid_file": record.node(n.node).pid_file,
@@ -491,10 +504,11 @@ def launch(pool: Pool, prep: Preparation, state_dir: Path, *, force: bool = Fals
         node = record.node(name)
         node.pid, node.start_ticks, node.child = reply["pid"], reply["start_ticks"], reply["child"]
         node.log_offset, node.started = reply["log_offset"], reply["started"]
-    try:
-        save_record(pool, record, state_dir)
-    except RemoteError as exc:
-        failed.append(str(exc))
+    if not failed:
+        try:
+            save_record(pool, record, state_dir)  # indexed only once every node started
+        except RemoteError as exc:
+            failed.append(str(exc))
     if failed:
         stop_run(pool, record, grace=5)
         raise LaunchError("could not start the run (nodes already started were stopped):\n"

@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import posixpath
+import re
 import secrets
 import shlex
 import time
@@ -36,6 +39,8 @@ from console.atomic import atomic_write
 from console.cluster.model import Cluster
 from console.ssh.pool import Pool, Stream
 from console.ssh.remote import script_text
+
+log = logging.getLogger(__name__)
 
 NODE_SCRIPT = "launch_node.py"
 RECORD_NAME = "svconsole-run.json"
@@ -101,10 +106,22 @@ def node_stream(pool: Pool, node: str, op: str, args: Mapping[str, Any]) -> Stre
 # ---------------------------------------------------------------- records
 
 
+RUN_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{4,16}")
+"""What :func:`new_run_id` makes; any other id in a record is refused (it names files)."""
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+"""A node name as cluster.yaml allows it."""
+
+
 def new_run_id(now: float | None = None) -> str:
     """``20261130-004512-3fa2``: sortable by start time, unique enough for one cluster."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     return f"{stamp}-{secrets.token_hex(2)}"
+
+
+def run_dir(output_dir: str, run_id: str) -> str:
+    """svconsole's own directory of one run in output_dir (pid and exit files, shipped
+    configuration)."""
+    return f"{output_dir.rstrip('/')}/svconsole/{run_id}"
 
 
 @dataclass
@@ -165,6 +182,107 @@ class RunRecord:
         return cls(**values)
 
 
+class BadRecord(ValueError):
+    """A run record that svconsole cannot have written (records read from the nodes and from
+    the index are untrusted input); the message names where it came from and the field."""
+
+
+_NUMBER = (int, float)
+_RECORD_FIELDS: dict[str, tuple[type | tuple[type, ...], bool]] = {
+    "id": (str, True), "created": (_NUMBER, True), "cluster": (str, True),
+    "output_dir": (str, True), "master": (str, True), "nodes": (list, True),
+    "plan": (dict, False), "profile": (dict, False), "resumed_from": ((str, type(None)), False),
+}
+"""Field -> (allowed types, required) of a record's JSON."""
+_NODE_FIELDS: dict[str, tuple[type | tuple[type, ...], bool]] = {
+    "node": (str, True), "node_rank": (int, True), "log": (str, True),
+    "pid_file": (str, True), "exit_file": (str, True), "pid": ((int, type(None)), False),
+    "start_ticks": ((int, type(None)), False), "child": ((int, type(None)), False),
+    "log_offset": (int, False), "started": ((*_NUMBER, type(None)), False),
+}
+
+
+def _fields(data: Any, spec: Mapping[str, tuple[Any, bool]], where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise BadRecord(f"{where}: not a JSON object")
+    unknown = sorted(set(data) - set(spec))
+    if unknown:
+        raise BadRecord(f"{where}.{unknown[0]}: unknown field")
+    for name, (types, required) in spec.items():
+        if name not in data:
+            if required:
+                raise BadRecord(f"{where}.{name}: missing")
+            continue
+        value = data[name]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise BadRecord(f"{where}.{name}: {type(value).__name__} {value!r:.60} is not "
+                            f"of the right type")
+    return dict(data)
+
+
+def is_clean_path(path: str) -> bool:
+    """An absolute path without ``..``, ``.``, doubled slashes, a trailing slash or control
+    characters (so that a prefix test on it means what it says)."""
+    return (path.startswith("/") and path != "/" and posixpath.normpath(path) == path
+            and not path.startswith("//") and not any(ord(c) < 32 for c in path))
+
+
+def check_record(data: Any, source: str) -> RunRecord:
+    """The record in ``data`` (a record's parsed JSON) if svconsole could have written it, else
+    :class:`BadRecord` naming ``source`` and the field: only the record's own fields, each of
+    its type; the id as :data:`RUN_ID`; node names as :data:`NODE_NAME`, unique, the master
+    one of them; output_dir a clean absolute path (not ``/``); every node's pid and exit files
+    exactly in the run's :func:`run_dir` and its log exactly ``<output_dir>/logs/<node>.log``,
+    where the launch puts them; pids above 1."""
+    values = _fields(data, _RECORD_FIELDS, source)
+    run_id = values["id"]
+    if not RUN_ID.fullmatch(run_id):
+        raise BadRecord(f"{source}: id: {run_id!r:.60} is not a run id (like 20261130-004512-3fa2)")
+    where = f"{source} (run {run_id})"
+    if values.get("resumed_from") is not None and not RUN_ID.fullmatch(values["resumed_from"]):
+        raise BadRecord(f"{where}: resumed_from: {values['resumed_from']!r:.60} is not a run id")
+    out = values["output_dir"]
+    if not is_clean_path(out):
+        raise BadRecord(f"{where}: output_dir: {out!r:.80} is not a clean absolute path")
+    if not values["nodes"]:
+        raise BadRecord(f"{where}: nodes: empty")
+    nodes, seen = [], set()
+    for i, raw in enumerate(values["nodes"]):
+        n = _fields(raw, _NODE_FIELDS, f"{where}: nodes[{i}]")
+        name = n["node"]
+        if not NODE_NAME.fullmatch(name) or name in seen:
+            raise BadRecord(f"{where}: nodes[{i}].node: {name!r:.60} is not a node name, or "
+                            f"is there twice")
+        seen.add(name)
+        own = run_dir(out, run_id)
+        expected = {"pid_file": f"{own}/{name}.pid", "exit_file": f"{own}/{name}.exit",
+                    "log": f"{out}/logs/{name}.log"}
+        for key, want in expected.items():
+            if n[key] != want:
+                raise BadRecord(f"{where}: nodes[{i}].{key}: {n[key]!r:.80} is not {want}, "
+                                f"where svconsole puts it")
+        for key in ("pid", "child"):
+            if n.get(key) is not None and n[key] <= 1:
+                raise BadRecord(f"{where}: nodes[{i}].{key}: {n[key]} is not a process of a run")
+        if n.get("node_rank", 0) < 0 or n.get("log_offset", 0) < 0 \
+                or (n.get("start_ticks") or 0) < 0:
+            raise BadRecord(f"{where}: nodes[{i}]: a negative rank, offset or start time")
+        nodes.append(NodeRun(**n))
+    if values["master"] not in seen:
+        raise BadRecord(f"{where}: master: {values['master']!r:.60} is not one of its nodes")
+    values["nodes"] = nodes
+    return RunRecord(**values)
+
+
+def parse_record(text: str, source: str) -> RunRecord:
+    """:func:`check_record` of a record file's text (BadRecord for bad JSON too)."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise BadRecord(f"{source}: not JSON ({exc})") from None
+    return check_record(data, source)
+
+
 class RunNotFound(LookupError):
     """No run with that id (or prefix) is known."""
 
@@ -193,7 +311,10 @@ def foreign_reason(record: RunRecord, cluster: Cluster) -> str | None:
 
 
 def check_own(record: RunRecord, cluster: Cluster) -> None:
-    """Raise :class:`ForeignRun` when ``record`` is not a run of ``cluster``."""
+    """Raise :class:`ForeignRun` when ``record`` is not a run of ``cluster``, and
+    :class:`BadRecord` when it is not a record svconsole could have written (its pids, log and
+    exit files are never handed to a node then)."""
+    check_record(record.to_dict(), f"run {record.id!r:.60}")
     why = foreign_reason(record, cluster)
     if why is not None:
         raise ForeignRun(f"run {record.id} is not a run of this cluster: {why}")
@@ -203,28 +324,42 @@ def index_dir(state_dir: Path) -> Path:
     return Path(state_dir) / "runs"
 
 
+def put_record(pool: Pool, record: RunRecord) -> None:
+    """Write the record to output_dir through its master node, atomically. Raises
+    ``console.ssh.pool.RemoteError`` when it cannot be written."""
+    check_record(record.to_dict(), f"run {record.id!r:.60}")
+    # mode 0600: the record holds the run's environment, secrets (--env HF_TOKEN=...) included
+    pool.put(record.master, record.to_json().encode(), record.record_path, mode=0o600)
+
+
 def save_record(pool: Pool, record: RunRecord, state_dir: Path) -> None:
-    """Write the record to output_dir (through its master node) and to the local index, both
-    atomically. Raises ``console.ssh.pool.RemoteError`` when the shared copy cannot be written."""
+    """Write the record to output_dir (:func:`put_record`), then to the local index: the
+    index never holds a run whose shared record could not be written."""
+    put_record(pool, record)
     index_record(record, state_dir)
-    pool.put(record.master, record.to_json().encode(), record.record_path)
 
 
 def index_record(record: RunRecord, state_dir: Path) -> None:
-    """Add (or update) the record in the local index."""
+    """Add (or update) the record in the local index (:class:`BadRecord`, nothing written,
+    for a record :func:`check_record` refuses)."""
+    check_record(record.to_dict(), f"run {record.id!r:.60}")
     directory = index_dir(state_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    atomic_write(directory / f"{record.id}.json", record.to_json(), backup=False)
+    atomic_write(directory / f"{record.id}.json", record.to_json(), backup=False,
+                 mode=0o600)  # it holds the run's environment, secrets included
 
 
 def load_index(state_dir: Path) -> list[RunRecord]:
-    """Records in the local index, newest first; unreadable files are skipped."""
+    """Records in the local index, newest first; unreadable files, and records that
+    :func:`check_record` refuses or that are not in the file their id names, are skipped."""
     records = []
     for path in sorted(index_dir(state_dir).glob("*.json"), reverse=True):
         try:
-            records.append(RunRecord.from_dict(json.loads(path.read_text(encoding="utf-8"))))
-        except (OSError, ValueError, TypeError, KeyError):
+            record = parse_record(path.read_text(encoding="utf-8"), str(path))
+        except (OSError, BadRecord):
             continue
+        if path.name == f"{record.id}.json":
+            records.append(record)
     return records
 
 
@@ -314,7 +449,8 @@ class RunStatus:
 def node_args(record: RunRecord, node: NodeRun) -> dict[str, Any]:
     """The node script's view of one node of a run."""
     return {"run_id": record.id, "node": node.node, "pid": node.pid,
-            "start_ticks": node.start_ticks, "exit_file": node.exit_file, "log": node.log}
+            "start_ticks": node.start_ticks, "exit_file": node.exit_file, "log": node.log,
+            "record": record.record_path}
 
 
 def run_status(pool: Pool, record: RunRecord) -> RunStatus:
@@ -334,14 +470,30 @@ def run_status(pool: Pool, record: RunRecord) -> RunStatus:
     return RunStatus(record, nodes)
 
 
-def _read_remote_record(pool: Pool, node: str, path: str) -> RunRecord | None:
-    result = pool.run(node, f"cat -- {shlex.quote(path)}", timeout=30)
+def read_remote_record(pool: Pool, node: str, path: str, run_id: str) -> RunRecord:
+    """The record of run ``run_id`` at ``path`` on ``node`` (a path a process there named:
+    untrusted). :class:`BadRecord` unless the path is a clean ``.../svconsole-run.json``, the
+    file (at most 1 MiB) is a record :func:`check_record` accepts, its id is ``run_id`` and
+    its output_dir the directory it was found in; :class:`NodeCallError` when it cannot be
+    read."""
+    source = f"{node}:{path!r:.120}"
+    if not RUN_ID.fullmatch(run_id):
+        raise BadRecord(f"{source}: run id {run_id!r:.60} named by a process there is not a run id")
+    if not is_clean_path(path) or posixpath.basename(path) != RECORD_NAME:
+        raise BadRecord(f"{source}: not a clean absolute path to a {RECORD_NAME}")
+    result = pool.run(node, f"head -c 1048577 -- {shlex.quote(path)}", timeout=30)
     if not result.ok:
-        return None
-    try:
-        return RunRecord.from_dict(json.loads(result.stdout))
-    except (ValueError, TypeError, KeyError):
-        return None
+        raise NodeCallError(f"{source}: cannot read: "
+                            f"{result.error or result.stderr.strip() or result.exit}")
+    if len(result.stdout) > 1 << 20:
+        raise BadRecord(f"{source}: larger than 1 MiB")
+    record = parse_record(result.stdout, source)
+    if record.id != run_id:
+        raise BadRecord(f"{source}: id: {record.id} is not the run {run_id} the process names")
+    if record.record_path != path:
+        raise BadRecord(f"{source}: output_dir: {record.output_dir} is not the directory the "
+                        f"record was found in")
+    return record
 
 
 def scan_nodes(pool: Pool, nodes: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
@@ -365,8 +517,12 @@ def find_runs(pool: Pool, state_dir: Path, *, limit: int = 20,
         for entry in runs:
             if entry["run_id"] in known | foreign or not entry.get("record"):
                 continue
-            record = _read_remote_record(pool, node, entry["record"])
-            if record is None or record.id != entry["run_id"]:
+            try:
+                record = read_remote_record(pool, node, str(entry["record"]),
+                                            str(entry["run_id"]))
+            except (BadRecord, NodeCallError) as exc:
+                log.warning("run record ignored: %s", exc)
+                foreign.add(str(entry["run_id"]))
                 continue
             if foreign_reason(record, cluster) is not None:
                 foreign.add(record.id)
