@@ -335,6 +335,30 @@ def test_put_writes_a_file(loopback, tmp_path) -> None:
     assert target.stat().st_mode & 0o777 == 0o600
 
 
+def test_put_never_follows_a_planted_symlink(loopback, tmp_path) -> None:
+    """Neither a symlink at the old fixed temp name nor one at the target (to a file or to a
+    directory) redirects the write; nothing but the target is left in its directory."""
+    folder = loopback.shared_dir / "put-hostile"
+    folder.mkdir(exist_ok=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    victim_dir = tmp_path / "victim-dir"
+    victim_dir.mkdir()
+    target = folder / "data.txt"
+    (folder / "data.txt.svconsole-tmp").symlink_to(victim)  # where the old put wrote first
+    with Pool(cluster_of(loopback)) as pool:
+        pool.put("node1", b"one\n", str(target), mode=0o640)
+        assert target.read_bytes() == b"one\n" and not target.is_symlink()
+        assert target.stat().st_mode & 0o777 == 0o640
+        for link_to in (victim, victim_dir):
+            target.unlink()
+            target.symlink_to(link_to)
+            pool.put("node1", b"two\n", str(target))
+            assert not target.is_symlink() and target.read_bytes() == b"two\n"
+    assert victim.read_text() == "precious\n" and list(victim_dir.iterdir()) == []
+    assert sorted(p.name for p in folder.iterdir()) == ["data.txt", "data.txt.svconsole-tmp"]
+
+
 def test_local_node_same_api(tmp_path) -> None:
     with Pool(local_cluster()) as pool:
         r = pool.run("here", 'cat; echo "$X" >&2; exit 3', stdin=b"in\n", env={"X": "a b"})

@@ -1043,12 +1043,21 @@ class Pool:
         return {name: results[name] for name in names}
 
     def put(self, node: str, data: bytes, remote_path: str, mode: int = 0o644) -> None:
-        """Write ``data`` to ``remote_path`` on ``node`` atomically (temp file, then rename).
-        Raises :class:`RemoteError` on failure."""
+        """Write ``data`` to ``remote_path`` on ``node`` atomically: a new temp file with a random
+        name in the target directory, then a rename over the target. Raises :class:`RemoteError`
+        on failure.
+
+        The temp file is created by the shell's ``>`` under ``set -C`` (noclobber), which opens
+        with O_CREAT|O_EXCL: it is never an existing file, and never a symlink someone planted
+        (O_EXCL does not follow one: the same guarantee as O_NOFOLLOW), mode 0600 until the data
+        is in. ``mv -T`` renames over the target itself, so a symlink there is replaced, not
+        followed, and a directory there is an error instead of a destination."""
+        directory, _, name = remote_path.rpartition("/")
+        directory = directory or ("/" if remote_path.startswith("/") else ".")
         path = shlex.quote(remote_path)
-        tmp = shlex.quote(f"{remote_path}.svconsole-tmp")
-        cmd = (f"mkdir -p \"$(dirname {path})\" && cat > {tmp} && chmod {mode:o} {tmp} "
-               f"&& mv -f {tmp} {path}")
+        tmp = shlex.quote(f"{directory}/.{name}.svconsole-{secrets.token_hex(8)}")
+        cmd = (f"mkdir -p -- {shlex.quote(directory)} && (set -C; umask 077; cat > {tmp}) "
+               f"&& chmod {mode:o} {tmp} && mv -fT -- {tmp} {path} || {{ rm -f -- {tmp}; exit 1; }}")
         result = self.run(node, cmd, stdin=data, timeout=max(60.0, len(data) / 1e6))
         if not result.ok:
             raise RemoteError(f"{node}: cannot write {remote_path}: "
