@@ -13,6 +13,7 @@ from console.training.profile import (
     load_profile,
     parse_profile,
     profile_path_for,
+    profile_text,
     save_profile,
 )
 
@@ -147,3 +148,59 @@ def test_save_edits_an_existing_file_in_place_keeping_comments(tmp_path: Path) -
         "  lr: 0.0003\n")
     assert load_profile(path).to_overrides() == changed.to_overrides()
     assert (tmp_path / "training.yaml.bak").read_text().endswith("  old_knob: 1\n")
+
+
+WALKTHROUGH = """\
+model: /demo/shared/tiny/model
+train_data_set_list: /demo/shared/tiny/train.jsonl
+valid_data_set_list: /demo/shared/tiny/valid.jsonl
+output_dir: /demo/shared/exp
+params_millions: 1.8
+dataset_conf: {batch_size: 500, batch_type: token, sort_size: 64, num_workers: 0}
+train_conf:
+  max_epoch: 20     # a comment, spaced    like this
+  log_interval: 1
+  validate_interval: 100000
+  save_checkpoint_interval: 100000
+  keep_nbest_models: 2
+  avg_keep_nbest_models_type: loss
+  use_deepspeed: true
+  deepspeed_config: /demo/shared/tiny/ds_zero1_fp32.json
+optim_conf: {lr: 0.0002}
+extra: {disable_update: true, dataset_conf.batch_sampler: BatchSampler, train_conf.avg_nbest_model: 2}
+"""
+
+
+def test_nothing_changed_nothing_rewritten(tmp_path: Path) -> None:
+    """The walkthrough's profile (a long flow-style extra: line) saved untouched is the same
+    bytes, and the file is not even rewritten (no .bak)."""
+    path = tmp_path / "training.yaml"
+    path.write_text(WALKTHROUGH)
+    profile = load_profile(path)
+    assert profile_text(profile, WALKTHROUGH) == WALKTHROUGH
+    save_profile(profile, path)
+    assert path.read_text() == WALKTHROUGH and not (tmp_path / "training.yaml.bak").exists()
+
+
+@pytest.mark.parametrize("key,value,line", [
+    # the comment stays at its column
+    ("train_conf.max_epoch", 3, "  max_epoch: 3      # a comment, spaced    like this\n"),
+    ("dataset_conf.num_workers", 2,
+     "dataset_conf: {batch_size: 500, batch_type: token, sort_size: 64, num_workers: 2}\n"),
+    ("output_dir", "/demo/shared/exp2", "output_dir: /demo/shared/exp2\n"),
+])
+def test_a_changed_value_changes_only_its_line(key: str, value: object, line: str) -> None:
+    profile = parse_profile(WALKTHROUGH, "training.yaml").replace(key, value)
+    text = profile_text(profile, WALKTHROUGH)
+    old, new = WALKTHROUGH.splitlines(keepends=True), text.splitlines(keepends=True)
+    assert len(old) == len(new)
+    assert [b for a, b in zip(old, new, strict=True) if a != b] == [line]
+    assert not [x for x in new if x.rstrip("\n") != x.rstrip()], "no trailing whitespace"
+    assert parse_profile(text, "training.yaml") == profile
+
+
+def test_an_added_key_is_one_added_line() -> None:
+    profile = parse_profile(WALKTHROUGH, "training.yaml").replace("train_conf.resume", False)
+    text = profile_text(profile, WALKTHROUGH)
+    added = [x for x in text.splitlines() if x not in WALKTHROUGH.splitlines()]
+    assert added == ["  resume: false"] and len(text.splitlines()) == 18

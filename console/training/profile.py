@@ -15,6 +15,7 @@ their line (a typo would otherwise be passed to FunASR and ignored); free-form o
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import io
 import re
 from dataclasses import dataclass, field
@@ -237,7 +238,8 @@ def save_profile(profile: TrainingProfile, path: str | Path | None = None) -> Pa
 
     An existing file is edited in place: its comments, order and layout stay, changed values
     are replaced, keys the profile no longer has are removed, and a key the file did not have is
-    added only when its value differs from the default."""
+    added only when its value differs from the default. When no value changed, nothing is
+    written."""
     target = Path(path) if path is not None else profile.path
     if target is None:
         raise ValueError("save_profile needs a path for a profile that has none")
@@ -245,21 +247,55 @@ def save_profile(profile: TrainingProfile, path: str | Path | None = None) -> Pa
         existing = target.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         existing = None
-    return atomic_write(target, profile_text(profile, existing), backup=True)
+    text = profile_text(profile, existing)
+    if text == existing:
+        return target
+    return atomic_write(target, text, backup=True)
 
 
 def profile_text(profile: TrainingProfile, existing: str | None = None) -> str:
-    """The text :func:`save_profile` writes over a file whose text is ``existing``."""
+    """The text :func:`save_profile` writes over a file whose text is ``existing``: that text
+    itself when no value changed; else only the lines of the changed keys differ (a ruamel round
+    trip, and every other line kept byte for byte: no rewrap, no trailing whitespace added)."""
     try:
         doc = _yaml().load(existing) if existing else None
     except MarkedYAMLError:
         doc = None
-    if not isinstance(doc, dict):
+    if not isinstance(doc, dict) or existing is None:
         return profile.to_yaml()
+    try:
+        before: TrainingProfile | None = parse_profile(existing, "<existing>")
+    except ProfileError:
+        before = None
+    if before == profile:
+        return existing
+    lines: dict[str, int] = {}
+    _collect_lines(doc, "", lines)
     _update(doc, profile.to_dict(), _plain(_yaml().load(_default_text())))
     out = io.StringIO()
     _yaml().dump(doc, out)
-    return out.getvalue()
+    if before is None:
+        return out.getvalue()
+    old_values, new_values = dict(_flatten(before.to_dict())), dict(_flatten(profile.to_dict()))
+    changed = {k for k in old_values.keys() | new_values.keys()
+               if old_values.get(k) != new_values.get(k)}
+    touched = {lines[k] - 1 for k in lines
+               if k in changed or any(c.startswith(k + ".") for c in changed)}
+    return _merge_lines(existing, out.getvalue(), touched)
+
+
+def _merge_lines(old: str, new: str, touched: set[int]) -> str:
+    """``new`` where it differs from ``old`` on the lines in ``touched`` (0-based lines of
+    ``old``) or by added lines; ``old`` everywhere else. Changed lines lose trailing blanks."""
+    a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
+    out: list[str] = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if op == "equal" or (i1 < i2 and not touched.intersection(range(i1, i2))):
+            out += a[i1:i2]
+        else:
+            out += [line.rstrip() + "\n" if line.endswith("\n") else line.rstrip()
+                    for line in b[j1:j2]]
+    return "".join(out)
 
 
 def _update(doc: Any, new: dict[str, Any], default: Any) -> None:
@@ -433,6 +469,7 @@ def _collect_lines(node: Any, prefix: str, lines: dict[str, int]) -> None:
 def _yaml() -> YAML:
     yaml = YAML(typ="rt")
     yaml.default_flow_style = False
+    yaml.width = 4096  # never rewrap a long line (a flow mapping such as extra: {...})
     return yaml
 
 
