@@ -36,6 +36,7 @@ from console.bringup.model import (
     StepState,
 )
 from console.cluster.model import Cluster
+from console.cluster.redact import redact_text
 from console.ssh.pool import RemoteError
 from console.subscribers import Subscribers
 
@@ -446,6 +447,7 @@ class Runner:
         return StepState.DONE, ""
 
     def _line(self, step: Step, cell: Cell, log: IO[str], text: str) -> None:
+        text = redact_text(text)  # a secret's NAME=value never reaches the log or the screen
         log.write(text + "\n")
         log.flush()
         self._publish(OutputLine(self.run_id, step.id, cell.node, text))

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from console.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context
+from console.cluster.redact import ENV_NAME, redact, redact_text
 from console.commands.runs import confirm
 
 ENTRIES = ("train_ds", "cpu-wrapper")
@@ -68,7 +69,12 @@ def _env(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--env {pair!r}: expected KEY=VALUE")
+            raise ValueError(f"--env {redact_text(pair)!r}: expected KEY=VALUE")
+        if not ENV_NAME.fullmatch(key):
+            raise ValueError(f"--env {key!r}: a variable name is letters, digits and _, "
+                             f"not starting with a digit")
+        if "\0" in value:
+            raise ValueError(f"--env {key}: the value holds a NUL byte")
         out[key] = value
     return out
 
@@ -141,7 +147,7 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
                         resumed_from=previous.id if previous else None)
     except LaunchError as exc:
         return _finish(args, ctx, out, EXIT_FAILED, str(exc))
-    out["run"] = record.to_dict()
+    out["run"] = redact(record.to_dict())
     return _finish(args, ctx, out, EXIT_OK,
                    f"launched run {record.id}; follow it with: svconsole logs {record.id} --follow")
 
