@@ -426,3 +426,140 @@ def test_cli_is_wired(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["metrics", "--log", str(FP32), "--csv"]) == 0
     assert capsys.readouterr().out.startswith("node,line,kind,rank,time,epoch,max_epoch,total_step")
+
+
+# --- run stalls, stragglers, estimated gradient sync ----------------------------------------
+
+def timed_line(rank: int, step: int, *, data: float = 0.002, fwd: float = 0.1,
+               bwd: float = 0.2, opt: float = 0.05, total: float | None = None) -> str:
+    """A real train line with these phase times (total: their sum unless given)."""
+    total = data + fwd + bwd + opt if total is None else total
+    timings = (f"{{'data_load': '{data:.3f}', 'forward_time': '{fwd:.3f}', "
+               f"'backward_time': '{bwd:.3f}', 'optim_time': '{opt:.3f}', "
+               f"'total_time': '{total:.3f}'}}")
+    line = train_line(rank, step)
+    start = line.index("{'data_load'")
+    return line[:start] + timings + line[line.index("}", start) + 1:]
+
+
+def test_run_stall_names_every_silent_rank_and_the_one_behind() -> None:
+    clock = Clock()
+    store = MetricsStore(clock=clock)
+    for step in range(1, 31):
+        clock.now += 0.5
+        for rank in (0, 1, 2):
+            if step == 30 and rank == 1:
+                continue  # rank 1 froze before its step 30 line; the others wait in all_reduce
+            store.add(parse_line(train_line(rank, step), line_no=step), node=f"node{rank}")
+    assert store.run_stall() is None
+    clock.now += 59.0
+    assert not [f for f in store.findings() if f.id == "run-stalled"]
+    clock.now += 2.0
+    [stall] = [f for f in store.findings() if f.id == "run-stalled"]
+    assert (stall.rank, stall.node, stall.severity.value) == (1, "node1", "error")
+    assert stall.detail.startswith("no step line from any rank for 61 s (threshold 60 s")
+    assert "ranks 0, 1, 2 stopped logging" in stall.detail
+    assert "behind: rank 1 on node1 at step 29, the others at step 30" in stall.detail
+    assert len(stall.evidence) == 3 and "total step: 29," in stall.evidence[1]
+    assert stall.evidence[1].startswith("rank 1 on node1, 62 s ago: [2026-11-30")  # 0.5 s earlier
+    # the one-rank detector stays quiet: nobody logs, so nobody is singled out by it
+    assert not [f for f in store.findings() if f.id == "stalled-rank"]
+    # a diagnosis of this stall is shown in it, and names the rank it found
+    since = store.run_stall().since
+    store.set_stall_diagnosis(since, "all reachable: see svconsole stacks; rank 2 on node2 is "
+                              "stopped (state T)", rank=2, node="node2")
+    [stall] = [f for f in store.findings() if f.id == "run-stalled"]
+    assert (stall.rank, stall.node) == (2, "node2")
+    assert stall.detail.endswith("diagnosis: all reachable: see svconsole stacks; rank 2 on "
+                                 "node2 is stopped (state T)")
+    # steps again: the stall and its diagnosis are over
+    store.add(parse_line(train_line(1, 30)), node="node1")
+    assert store.run_stall() is None
+    assert not [f for f in store.findings() if f.id == "run-stalled"]
+    clock.now += 1000
+    store.run_ended()
+    assert store.run_stall() is None
+    store.close()
+
+
+def test_run_stall_threshold_follows_the_step_time_and_the_startup_allowance() -> None:
+    clock = Clock()
+    store = MetricsStore(clock=clock, startup_allowance_s=300)
+    store.watch_run(clock.now)
+    clock.now += 299
+    assert store.run_stall() is None
+    clock.now += 2
+    [stall] = [f for f in store.findings() if f.id == "run-stalled"]
+    assert stall.detail == ("no step line from any rank 301 s after the start (start-up "
+                            "allowance 300 s)")
+    for step in range(1, 6):  # slow steps: 40 s each, so the threshold is 120 s
+        clock.now += 40
+        store.add(parse_line(timed_line(0, step, fwd=10, bwd=20, opt=10)), node="n0")
+        store.add(parse_line(timed_line(1, step, fwd=10, bwd=20, opt=10)), node="n1")
+    clock.now += 110
+    assert store.run_stall() is None
+    clock.now += 11
+    stall = store.run_stall()
+    assert stall is not None and stall.threshold_s == pytest.approx(120.0, abs=0.1)
+    assert "3 x median step 40.00 s" in stall.detail() and stall.behind == ()
+    store.close()
+
+
+def test_straggler_named_with_its_slow_phase_and_the_others_not() -> None:
+    store = MetricsStore()
+    for step in range(1, 31):
+        jitter = 0.004 * (step % 3)
+        # rank 2 is slow in forward; the others wait for it in backward's all-reduce
+        store.add(parse_line(timed_line(0, step, fwd=0.10 + jitter, bwd=0.35)), node="n0")
+        store.add(parse_line(timed_line(1, step, fwd=0.10, bwd=0.35 + jitter)), node="n1")
+        store.add(parse_line(timed_line(2, step, fwd=0.25, bwd=0.20)), node="n2")
+    [straggler] = store.stragglers()
+    assert (straggler.rank, straggler.node, straggler.phase) == (2, "n2", "forward_time")
+    assert straggler.steps == 20 and straggler.excess == pytest.approx(0.43, abs=0.02)
+    [finding] = [f for f in store.findings() if f.id == "straggler"]
+    assert (finding.rank, finding.node) == (2, "n2")
+    assert finding.detail.startswith("rank 2 on n2 is a straggler: 0.502 s a step of its own "
+                                     "against 0.35")
+    assert "slow phase forward: 0.250 s against 0.10" in finding.detail
+    rows = {r.rank: r for r in store.ranks()}
+    assert rows[2].rel_time == pytest.approx(0.43, abs=0.02)
+    assert rows[0].rel_time == pytest.approx(0.0, abs=0.03)
+    # the wait shows as estimated gradient sync on the waiting ranks: 150 ms, normal
+    assert rows[0].grad_sync_est_ms == pytest.approx(150, abs=10)
+    assert rows[2].grad_sync_est_ms == pytest.approx(0)
+    sync = store.grad_sync()
+    assert sync["rank0"]["estimated"] and sync["rank0"]["verdict"] == "normal"
+    series = store.series("grad_sync_est_ms/rank1")
+    assert series is not None and series.count == 30
+    store.close()
+
+
+def test_no_straggler_in_a_balanced_run_or_below_the_window() -> None:
+    store = MetricsStore()
+    for step in range(1, 5):
+        for rank in (0, 1, 2):
+            store.add(parse_line(timed_line(rank, step, fwd=0.3 if rank == 1 else 0.1)))
+    assert store.stragglers() == []  # 4 steps: below the minimum window of 5
+    balanced = MetricsStore()
+    for step in range(1, 41):
+        for rank in (0, 1, 2):
+            wobble = 0.01 * ((step + rank) % 4)  # every rank the slowest now and then
+            balanced.add(parse_line(timed_line(rank, step, fwd=0.1 + wobble)))
+    assert balanced.stragglers() == []
+    assert not [f for f in balanced.findings() if f.id in ("straggler", "slow-gradient-sync")]
+    with pytest.raises(ValueError, match="at least 5"):
+        MetricsStore(straggler_window=4)
+    store.close()
+    balanced.close()
+
+
+def test_estimated_gradient_sync_thresholds_raise_findings() -> None:
+    store = MetricsStore()
+    for step in range(1, 11):
+        store.add(parse_line(timed_line(0, step, bwd=2.6, fwd=0.1)), node="n0")
+        store.add(parse_line(timed_line(1, step, bwd=0.3, fwd=2.4)), node="n1")
+    [slow] = [f for f in store.findings() if f.id == "slow-gradient-sync"]
+    assert (slow.rank, slow.node) == (0, "n0")
+    assert slow.detail.startswith("estimated gradient sync 2300 ms a step")
+    assert slow.detail.endswith("over the last 10 steps: bad")
+    store.close()

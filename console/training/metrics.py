@@ -67,6 +67,13 @@ from console.training.logparse import (
     WorkerExit,
     json_number,
 )
+from console.training.stragglers import (
+    DEFAULT_WINDOW,
+    RUN_STALLED,
+    STRAGGLER,
+    StepTimings,
+    Straggler,
+)
 
 
 def json_safe(value: Any) -> Any:
@@ -198,6 +205,12 @@ class RankStatus:
     gpu_peak_gb: float | None
     grad_sync_ms: float | None
     seconds_since: float | None
+    rel_time: float | None = None
+    """Its own time a step (the step time less its waits for the others) relative to the
+    median over ranks: 0.34 for +34% (:mod:`console.training.stragglers`)."""
+    grad_sync_est_ms: float | None = None
+    """Estimated gradient-sync wait (backward less the fastest rank's), median of the last
+    steps; used where DeepSpeed's timers are off."""
 
 
 @dataclass(frozen=True)
@@ -240,6 +253,51 @@ HISTORY_COLUMNS = (
 _TIMING_KEYS = ("data_load", "forward_time", "backward_time", "optim_time", "total_time")
 
 
+@dataclass(frozen=True)
+class SilentRank:
+    """One rank in a run stall: its last step line, and how long ago it came."""
+
+    rank: int
+    node: str | None
+    last_step: int | None
+    silent_s: float | None
+    text: str | None
+    line_no: int | None
+
+
+@dataclass(frozen=True)
+class RunStall:
+    """No step line from any rank for ``silent_s`` (> ``threshold_s``), or none at all within
+    the start-up allowance (``startup``). ``behind``: the ranks whose last step is the lowest
+    when the ranks' last steps differ (the ones the others wait for, most likely). ``since``: the
+    time of the last step line (the stall's identity: a new step ends it)."""
+
+    since: float
+    silent_s: float
+    threshold_s: float
+    startup: bool
+    ranks: tuple[SilentRank, ...]
+    behind: tuple[int, ...]
+    median_step_s: float | None
+
+    def detail(self) -> str:
+        if self.startup:
+            return (f"no step line from any rank {self.silent_s:.0f} s after the start (start-up "
+                    f"allowance {self.threshold_s:.0f} s)")
+        step = (f"3 x median step {self.median_step_s:.2f} s" if self.median_step_s
+                else "no step time yet")
+        out = (f"no step line from any rank for {self.silent_s:.0f} s (threshold "
+               f"{self.threshold_s:.0f} s: the larger of {step} and the minimum); ranks "
+               f"{', '.join(str(r.rank) for r in self.ranks)} stopped logging")
+        if self.behind:
+            lows = [r for r in self.ranks if r.rank in self.behind]
+            top = max((r.last_step or 0) for r in self.ranks)
+            names = ", ".join(f"rank {r.rank}" + (f" on {r.node}" if r.node else "")
+                              for r in lows)
+            out += f"; behind: {names} at step {lows[0].last_step}, the others at step {top}"
+        return out
+
+
 @dataclass
 class _StepMean:
     """The running sum of one step's losses over the ranks that reported it."""
@@ -276,6 +334,9 @@ class _RankState:
         self.gaps: deque[float] = deque(maxlen=20)
         self.step_times: deque[float] = deque(maxlen=20)
         self.grad_sync: deque[float] = deque(maxlen=20)
+        self.grad_sync_est: deque[float] = deque(maxlen=20)
+        self.last_step_seen: float | None = None
+        """When its last step line (train or val) came."""
         self.watch = faults.LossWatch()
         self.last_grad_line: DeepSpeedTimers | None = None
         self.ds_steps = 0
@@ -298,7 +359,9 @@ class MetricsStore:
     def __init__(self, history_path: str | Path | None = None, *, capacity: int = 1000,
                  max_events: int = 500, clock: Callable[[], float] = time.time,
                  stall_after_s: float | None = None, min_stall_s: float = 60.0,
-                 gpu_samples: int = 7200, mean_window: int = 4096) -> None:
+                 gpu_samples: int = 7200, mean_window: int = 4096,
+                 min_run_stall_s: float = 60.0, startup_allowance_s: float = 900.0,
+                 straggler_window: int = DEFAULT_WINDOW) -> None:
         if mean_window < 1:
             raise ValueError(f"mean_window must be at least 1, got {mean_window}")
         self.capacity = capacity
@@ -306,6 +369,13 @@ class MetricsStore:
         self.clock = clock
         self.stall_after_s = stall_after_s
         self.min_stall_s = min_stall_s
+        self.min_run_stall_s = min_run_stall_s
+        self.startup_allowance_s = startup_allowance_s
+        self._started_at: float | None = None
+        self._ended = False
+        self._last_step_at: float | None = None
+        self._diagnosis: tuple[float, str, int | None, str | None] | None = None
+        self._timings = StepTimings(straggler_window)
         self.revision = 0
         self._lock = threading.RLock()
         self._series: dict[str, Series] = {}
@@ -391,12 +461,22 @@ class MetricsStore:
         context = self._val_at(node)
         context.step = x
         context.epoch = ev.epoch if isinstance(ev, ValStep) else None
+        state.last_step_seen = received
+        self._last_step_at = received if self._last_step_at is None \
+            else max(self._last_step_at, received)
         if isinstance(ev, ValStep):
             if ev.loss is not None:
                 self._line(f"val_loss/rank{r}").add(x, ev.loss)
             return
         self._max_step = max(self._max_step, x)
         self._record_step_time(ev, state)
+        if ev.timings:
+            waits = self._timings.add(r, node, x, ev.timings)
+            for rank, ms in (waits or {}).items():
+                other = self._ranks.get(rank)
+                if other is not None:
+                    other.grad_sync_est.append(ms)
+                    self._line(f"grad_sync_est_ms/rank{rank}").add(x, ms)
         state.last = ev
         for name, value in self._step_values(ev):
             if value is not None:
@@ -539,6 +619,7 @@ class MetricsStore:
         now = self.clock() if now is None else now
         with self._lock:
             rows = []
+            relative = self._timings.relative()
             for r in sorted(self._ranks):
                 s = self._ranks[r]
                 last = s.last
@@ -550,7 +631,10 @@ class MetricsStore:
                     gpu_mem_gb=last.mem_usage_gb if last else None,
                     gpu_peak_gb=last.mem_peak_gb if last else None,
                     grad_sync_ms=s.grad_sync[-1] if s.grad_sync else None,
-                    seconds_since=now - s.last_seen if s.last_seen is not None else None))
+                    seconds_since=now - s.last_seen if s.last_seen is not None else None,
+                    rel_time=relative.get(r),
+                    grad_sync_est_ms=statistics.median(s.grad_sync_est)
+                    if s.grad_sync_est else None))
             return rows
 
     def progress(self) -> Progress:
@@ -592,6 +676,11 @@ class MetricsStore:
                     med = statistics.median(s.grad_sync)
                     out[f"rank{r}"] = {"median_ms": med, "last_ms": s.grad_sync[-1],
                                        "verdict": faults.grad_sync_verdict(med)}
+                elif s.grad_sync_est:
+                    med = statistics.median(s.grad_sync_est)
+                    out[f"rank{r}"] = {"median_ms": med, "last_ms": s.grad_sync_est[-1],
+                                       "verdict": faults.grad_sync_verdict(med),
+                                       "estimated": True}
             return out
 
     def findings(self, now: float | None = None) -> list[Finding]:
@@ -599,10 +688,106 @@ class MetricsStore:
         now = self.clock() if now is None else now
         with self._lock:
             out = self._findings.findings()
+            out += self._run_stall_findings(now)
             out += self._stall_findings(now)
+            out += self._straggler_findings()
             out += self._grad_sync_findings()
             out += self._gpu_findings()
             return out
+
+    # -- run stalls and stragglers ---------------------------------------------------------
+
+    def watch_run(self, started_at: float) -> None:
+        """The run started at ``started_at`` (the store's clock): no step line at all within
+        ``startup_allowance_s`` of it is a stall too."""
+        with self._lock:
+            self._started_at = started_at
+
+    def run_ended(self) -> None:
+        """The run ended on every node: its silence is no stall."""
+        with self._lock:
+            self._ended = True
+
+    def run_stall(self, now: float | None = None) -> RunStall | None:
+        """The run stall now, if there is one: no step line from any rank for the larger of
+        3x the median step time and ``min_run_stall_s``, or none at all within the start-up
+        allowance of :meth:`watch_run`. Never once the run ended or stopped early."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            if self._ended or self._finished:
+                return None
+            if self._last_step_at is None:
+                if self._started_at is None or now - self._started_at <= self.startup_allowance_s:
+                    return None
+                return RunStall(self._started_at, now - self._started_at,
+                                self.startup_allowance_s, True, (), (), None)
+            times = [statistics.median(s.step_times) for s in self._ranks.values()
+                     if s.step_times]
+            median = statistics.median(times) if times else None
+            threshold = max(3.0 * (median or 0.0), self.min_run_stall_s)
+            silent = now - self._last_step_at
+            if silent <= threshold:
+                return None
+            ranks = []
+            for r, st in sorted(self._ranks.items()):
+                if st.last_step_seen is None:
+                    continue
+                last = st.last
+                ranks.append(SilentRank(r, st.node, last.total_step if last else None,
+                                        now - st.last_step_seen, last.text if last else None,
+                                        last.line_no if last else None))
+            steps = {r.last_step for r in ranks if r.last_step is not None}
+            behind = tuple(r.rank for r in ranks if r.last_step == min(steps)) \
+                if len(steps) > 1 else ()
+            return RunStall(self._last_step_at, silent, threshold, False, tuple(ranks), behind,
+                            median)
+
+    def set_stall_diagnosis(self, since: float, text: str, *, rank: int | None = None,
+                            node: str | None = None) -> None:
+        """What the diagnosis of the stall that began at ``since`` found (reachability,
+        stacks), with the rank and node it names; shown in that stall's finding."""
+        with self._lock:
+            self._diagnosis = (since, text, rank, node)
+            self.revision += 1
+
+    def stall_diagnosis(self, since: float) -> str | None:
+        with self._lock:
+            d = self._diagnosis
+            return d[1] if d is not None and d[0] == since else None
+
+    def _run_stall_findings(self, now: float) -> list[Finding]:
+        stall = self.run_stall(now)
+        if stall is None:
+            return []
+        evidence = tuple(f"rank {r.rank}" + (f" on {r.node}" if r.node else "")
+                         + f", {r.silent_s:.0f} s ago: {r.text}" for r in stall.ranks[:16])
+        if len(stall.ranks) > 16:
+            evidence += (f"... and {len(stall.ranks) - 16} more ranks",)
+        detail = stall.detail()
+        rank = stall.behind[0] if len(stall.behind) == 1 else None
+        node = next((r.node for r in stall.ranks if r.rank == rank), None)
+        line_no = next((r.line_no for r in stall.ranks if r.rank == rank), None)
+        d = self._diagnosis
+        if d is not None and d[0] == stall.since:
+            detail += f"; diagnosis: {d[1]}"
+            if d[2] is not None:
+                rank, node, line_no = d[2], d[3], None
+        return [Finding(RUN_STALLED, evidence or ("no step line yet",), node, rank, line_no,
+                        detail)]
+
+    def stragglers(self) -> list[Straggler]:
+        """The straggler ranks now (:class:`console.training.stragglers.Straggler`)."""
+        with self._lock:
+            return self._timings.stragglers()
+
+    def _straggler_findings(self) -> list[Finding]:
+        out = []
+        for s in self._timings.stragglers():
+            state = self._ranks.get(s.rank)
+            last = state.last if state is not None else None
+            out.append(Finding(STRAGGLER, (last.text,) if last else (), s.node, s.rank,
+                               last.line_no if last else None, s.text()))
+        return out
 
     def _stall_threshold(self, state: _RankState) -> float:
         if self.stall_after_s is not None:
@@ -630,6 +815,17 @@ class MetricsStore:
     def _grad_sync_findings(self) -> list[Finding]:
         out = []
         for r, s in sorted(self._ranks.items()):
+            if not s.grad_sync and s.grad_sync_est and s.last is not None:
+                med = statistics.median(s.grad_sync_est)
+                verdict = faults.grad_sync_verdict(med)
+                if verdict in ("elevated", "bad"):
+                    out.append(Finding(faults.fault("slow-gradient-sync"), (s.last.text,),
+                                       s.node, r, s.last.line_no,
+                                       f"estimated gradient sync {med:.0f} ms a step (its "
+                                       "backward_time less the fastest rank's; DeepSpeed's "
+                                       f"wall_clock_breakdown is off) over the last "
+                                       f"{len(s.grad_sync_est)} steps: {verdict}"))
+                continue
             if not s.grad_sync or s.last_grad_line is None:
                 continue
             med = statistics.median(s.grad_sync)
