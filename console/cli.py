@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 #: Subcommand modules under ``console.commands``, in the order ``--help`` lists them.
 COMMANDS = ("nodes", "exec", "check", "setup", "verify", "validate", "launch", "runs", "stop",
-            "logs", "metrics", "gpus", "hostfile", "exporter", "stacks", "watch")
+            "logs", "metrics", "plan", "gpus", "hostfile", "exporter", "stacks", "watch")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
