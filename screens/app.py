@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import importlib
 import threading
+import traceback
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from textual import work
 from textual.app import App, SystemCommand
+from textual.dom import DOMNode
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
+from screens.base import ConsoleScreen
 from screens.bridge import follow_node_states
+from screens.broken import BrokenScreen, ScreenFailure
 from screens.help import HelpScreen
 from screens.keys import GLOBAL_BINDINGS, SCREENS
 from screens.messages import NodeStatusChanged
@@ -26,9 +31,29 @@ if TYPE_CHECKING:
 
 
 def _build_screen(mode: str) -> Screen:
-    screen = importlib.import_module(f"screens.{mode}").SCREEN()
+    """The screen of ``mode``, or the error panel in its place when its module cannot be
+    imported or its class cannot be made."""
+    module = f"screens.{mode}"
+    try:
+        screen = importlib.import_module(module).SCREEN()
+    except Exception as exc:  # any failure of one screen's code must not end the console
+        return BrokenScreen(ScreenFailure(mode, module, "import", exc))
     screen.mode_name = mode
     return screen
+
+
+def _failed_screen(error: BaseException) -> Screen | None:
+    """The screen whose code raised ``error``: the innermost frame of its traceback run by a
+    widget (its screen) or a screen; None when no screen's code is on it."""
+    for frame, _ in reversed(list(traceback.walk_tb(error.__traceback__))):
+        node = frame.f_locals.get("self")
+        if not isinstance(node, DOMNode):
+            continue
+        while node is not None and not isinstance(node, Screen):
+            node = node._parent
+        if node is not None:
+            return node
+    return None
 
 
 class SVConsoleApp(App[int]):
@@ -42,8 +67,12 @@ class SVConsoleApp(App[int]):
     DEFAULT_MODE = "nodes"
 
     def __init__(self, cluster: Cluster, pool: Pool, *, health_interval: float | None = 5.0,
-                 gpu_simulate: Path | None = None) -> None:
+                 gpu_simulate: Path | None = None, contain_screen_errors: bool = False) -> None:
         super().__init__()
+        #: An exception in one of the five screens' code replaces that screen with an error
+        #: panel instead of ending the app (``svconsole`` runs so; tests see the exception).
+        self.contain_screen_errors = contain_screen_errors
+        self._failed_screens: weakref.WeakSet[Screen] = weakref.WeakSet()
         self.cluster = cluster
         self.pool = pool
         self.health_interval = health_interval
@@ -107,6 +136,46 @@ class SVConsoleApp(App[int]):
                 self.add_mode(mode, self.MODES[mode])
         threading.Thread(target=old.close, name="close the old pool", daemon=True).start()
 
+    def _handle_exception(self, error: Exception) -> None:
+        """An exception in the code of one of the five screens (its compose, mount or a
+        handler) leaves the error panel in that screen's place; anything else ends the app."""
+        screen = _failed_screen(error) if self.contain_screen_errors else None
+        if screen is not None and screen in self._failed_screens:
+            # a later error of a screen that failed already (its panel shows the first)
+            self.log.error(f"{type(screen).__name__} again: {type(error).__name__}: {error}")
+            return
+        mode = getattr(screen, "mode_name", "")
+        if (not isinstance(screen, ConsoleScreen) or isinstance(screen, BrokenScreen)
+                or screen not in self._screen_stacks.get(mode, ())):
+            super()._handle_exception(error)
+            return
+        phase = "run" if screen.built else "build"
+        failure = ScreenFailure(mode, type(screen).__module__, phase, error)
+        self.log.error(failure.traceback)
+        self._failed_screens.add(screen)
+        self.call_later(self._show_failure, failure)
+
+    def _show_failure(self, failure: ScreenFailure) -> None:
+        self._replace_mode_screen(failure.mode, lambda: BrokenScreen(failure))
+        self.notify(f"the {failure.mode} screen failed: {failure.summary}", severity="error",
+                    timeout=10)
+
+    def rebuild_screen(self, mode: str) -> None:
+        """Build ``mode``'s screen anew (the error panel's retry)."""
+        self._replace_mode_screen(mode, lambda: _build_screen(mode))
+
+    def _replace_mode_screen(self, mode: str, build) -> None:
+        if mode == self.current_mode:
+            while len(self.screen_stack) > 1:  # dialogs over the failed screen go with it
+                self.pop_screen()
+            base = self.screen
+            if not base._result_callbacks:  # a mode's first screen has none to pop (Textual 8)
+                base._push_result_callback(base, None)
+            self.switch_screen(build())
+        else:
+            self.remove_mode(mode)
+            self.add_mode(mode, build)
+
     @work(thread=True, exclusive=True, group="health", name="start health checks", exit_on_error=False)
     def start_health(self) -> None:
         self.pool.start_health(self.health_interval)
@@ -155,6 +224,7 @@ def run_app(ctx: Context) -> int:
     # No terminal prompt for sudo while Textual owns the terminal: the Setup screen asks in a
     # modal and lends the pool that in-memory secret.
     ctx.pool.set_sudo_password(None)
-    app = SVConsoleApp(ctx.cluster, ctx.pool, gpu_simulate=ctx.gpu_simulate)
+    app = SVConsoleApp(ctx.cluster, ctx.pool, gpu_simulate=ctx.gpu_simulate,
+                       contain_screen_errors=True)
     app.run()
     return app.return_code or 0

@@ -50,6 +50,13 @@ class ConsoleScreen(WorkerErrorsToApp, Screen):
     HELP: ClassVar[str] = ""
     #: Which of the five it is (set by the app when it builds the screen for a mode).
     mode_name: str = ""
+    #: True once its compose and every ``on_mount`` of its classes ran: an error before that
+    #: means the screen could not be built (screens/app.py shows the error panel either way).
+    built: bool = False
+
+    def on_mount(self) -> None:
+        # Textual calls each class's on_mount, the subclass's first: this one runs last
+        self.built = True
 
     @property
     def console(self) -> SVConsoleApp:

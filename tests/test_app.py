@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from console.cluster.model import Cluster, Node
 from console.ssh.pool import Pool
 from screens.app import SVConsoleApp
+from screens.broken import BrokenScreen
+from screens.config import ConfigScreen
+from screens.gpus import GPUsScreen
 from screens.help import HelpScreen
 from screens.keys import SCREENS
 from screens.messages import NodeStatusChanged
@@ -97,3 +102,115 @@ def test_snapshot(snap_compare, key, size):
                             terminal_size=size)
     finally:
         pool.close()
+
+
+# ------------------------------------------------------------------ one broken screen
+
+
+@pytest.fixture
+def containing_app():
+    """The app as ``svconsole`` runs it: a screen's failure is contained in an error panel."""
+    cluster = offline_cluster()
+    pool = Pool(cluster)
+    yield SVConsoleApp(cluster, pool, health_interval=None, contain_screen_errors=True)
+    pool.close()
+
+
+def panel_text(app) -> str:
+    return "\n".join(str(s.render()) for s in app.screen.query("Static"))
+
+
+async def wait_for_screen(pilot, kind: type, timeout: float = 30.0):
+    for _ in range(int(timeout / 0.05)):
+        if isinstance(pilot.app.screen, kind):
+            return pilot.app.screen
+        await pilot.pause(0.05)
+    raise AssertionError(f"{kind.__name__} not shown; {type(pilot.app.screen).__name__} is")
+
+
+async def assert_other_screens_open(pilot, broken_mode: str) -> None:
+    for mode, key, title in SCREENS:
+        if mode == broken_mode:
+            continue
+        await pilot.press(key)
+        await pilot.pause()
+        assert pilot.app.current_mode == mode, title
+        assert not isinstance(pilot.app.screen, BrokenScreen), title
+        assert type(pilot.app.screen).__name__.removesuffix("Screen") == title, title
+
+
+async def test_a_screen_whose_module_fails_to_import_is_an_error_panel(containing_app,
+                                                                       monkeypatch):
+    monkeypatch.setitem(sys.modules, "screens.config", None)  # import of it now raises
+    async with containing_app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("3")
+        screen = await wait_for_screen(pilot, BrokenScreen)
+        text = panel_text(containing_app)
+        assert "The Config screen could not be built: its module did not import" in text
+        assert "module: screens.config" in text and "ModuleNotFoundError" in text
+        assert "Traceback (most recent call last)" in text
+        assert screen.mode_name == "config"
+        await assert_other_screens_open(pilot, "config")
+        await pilot.press("3")  # the panel stays the Config screen's until it is retried
+        await wait_for_screen(pilot, BrokenScreen)
+        monkeypatch.undo()
+        await pilot.press("r")
+        await wait_for_screen(pilot, ConfigScreen)
+        assert containing_app.current_mode == "config"
+    assert containing_app.return_code in (0, None)
+
+
+async def test_a_screen_whose_compose_raises_is_an_error_panel(containing_app, monkeypatch):
+    def broken_compose(self):
+        raise RuntimeError("boom in compose")
+        yield  # a generator, as compose is
+
+    monkeypatch.setattr(ConfigScreen, "compose", broken_compose)
+    async with containing_app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("3")
+        await wait_for_screen(pilot, BrokenScreen)
+        text = panel_text(containing_app)
+        assert "The Config screen could not be built" in text
+        assert "module: screens.config" in text
+        assert "RuntimeError: boom in compose" in text
+        assert "broken_compose" in text  # the traceback names the code that raised
+        await assert_other_screens_open(pilot, "config")
+        monkeypatch.undo()
+        await pilot.press("3")
+        await wait_for_screen(pilot, BrokenScreen)
+        await pilot.press("r")
+        await wait_for_screen(pilot, ConfigScreen)
+    assert containing_app.return_code in (0, None)
+
+
+async def test_a_screen_whose_mount_raises_is_an_error_panel(containing_app, monkeypatch):
+    def broken_mount(self):
+        raise ValueError("boom in mount")
+
+    monkeypatch.setattr(GPUsScreen, "on_mount", broken_mount)
+    async with containing_app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("5")
+        await wait_for_screen(pilot, BrokenScreen)
+        text = panel_text(containing_app)
+        assert "The GPUs screen could not be built" in text
+        assert "module: screens.gpus" in text and "ValueError: boom in mount" in text
+        await assert_other_screens_open(pilot, "gpus")
+        await pilot.press("5")
+        await wait_for_screen(pilot, BrokenScreen)
+        await pilot.press("question_mark")  # help works over the panel and names retry
+        await wait_for_screen(pilot, HelpScreen)
+        assert "Retry" in panel_text(containing_app)
+    assert containing_app.return_code in (0, None)
+
+
+async def test_without_containment_a_screen_error_still_ends_the_app(offline_app, monkeypatch):
+    """Tests build the app without containment, so a broken screen fails them loudly."""
+    def broken_compose(self):
+        raise RuntimeError("boom in compose")
+        yield
+
+    monkeypatch.setattr(ConfigScreen, "compose", broken_compose)
+    with pytest.raises(RuntimeError, match="boom in compose"):
+        async with offline_app.run_test(size=(100, 30)) as pilot:
+            await pilot.press("3")
+            await pilot.pause(0.5)
