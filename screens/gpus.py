@@ -72,12 +72,15 @@ class RunView:
     run_id: str
     node_ranks: dict[str, int]
     slowest: RankStatus | None = None
+    live: bool = True
+    """Still running: once it has ended, its GPUs are judged as outside a run."""
 
     @classmethod
-    def of(cls, record: RunRecord, ranks: Sequence[RankStatus] = ()) -> RunView:
+    def of(cls, record: RunRecord, ranks: Sequence[RankStatus] = (), live: bool = True
+           ) -> RunView:
         timed = [r for r in ranks if r.step_time_s is not None]
         slowest = max(timed, key=lambda r: r.step_time_s or 0.0, default=None)
-        return cls(record.id, {n.node: n.node_rank for n in record.nodes}, slowest)
+        return cls(record.id, {n.node: n.node_rank for n in record.nodes}, slowest, live)
 
 
 @dataclass
@@ -124,9 +127,11 @@ class GPUBoard:
 
     @property
     def in_run(self) -> bool:
-        """The seed's 6.1 thresholds apply: a run is followed, or torchrun ranks hold GPUs."""
+        """The seed's 6.1 thresholds apply: a live run of this cluster is followed, or (while
+        the console follows none) torchrun ranks hold GPUs. A followed run that has ended is no
+        run: its GPUs are judged as outside a run, whatever else holds them."""
         if self.run is not None:
-            return True
+            return self.run.live
         return any(p.rank is not None for t in self.nodes.values() if t.sample is not None
                    for g in t.sample.gpus for p in g.procs)
 
@@ -282,7 +287,8 @@ class GPUsScreen(ConsoleScreen):
     @on(RunFollowed)
     def take_run(self, message: RunFollowed) -> None:
         record = message.record
-        self.board.follow(None if record is None else RunView.of(record, message.ranks))
+        self.board.follow(None if record is None
+                          else RunView.of(record, message.ranks, live=message.live))
         self.redraws.schedule()
 
     def on_screen_resume(self) -> None:

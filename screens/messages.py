@@ -53,12 +53,15 @@ class GPUTelemetry(Message):
 class RunFollowed(Message):
     """The training run the console follows changed: its record (which node has which node
     rank) and its per-rank status (step times, to name the slowest rank); ``record`` is None when
-    no run is followed any more."""
+    no run is followed any more. ``live``: the run is still running (a finished run's GPUs are
+    no longer judged by the run's thresholds)."""
 
-    def __init__(self, record: RunRecord | None, ranks: Sequence[RankStatus] = ()) -> None:
+    def __init__(self, record: RunRecord | None, ranks: Sequence[RankStatus] = (),
+                 live: bool = True) -> None:
         super().__init__()
         self.record = record
         self.ranks = tuple(ranks)
+        self.live = live
 
 
 # ------------------------------------------------------------------------------------------------

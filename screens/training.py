@@ -551,6 +551,7 @@ class TrainingScreen(ConsoleScreen):
         if update.ended and not self.ended:
             self.ended = True
             self.check_status(self.record)
+            self._tell_other_screens()   # its GPUs are no longer the run's
         self.redraws.schedule()
 
     # -- rendering (throttled, from copies, only while shown)
@@ -644,7 +645,8 @@ class TrainingScreen(ConsoleScreen):
                 continue
             for screen in stack:
                 if screen is not self:
-                    screen.post_message(RunFollowed(self.record, ranks))
+                    screen.post_message(RunFollowed(self.record, ranks,
+                                                    live=self.following_live_run))
 
     # -- finding runs
 
