@@ -18,6 +18,9 @@ import pytest
 from console.ssh.netns import NetnsCluster, namespaces_unavailable
 
 NETNS_NODES = 3
+NETNS_PREFIX = "nsnode"
+"""Node names (and hostnames) nsnode0 ..: the nodes share this machine's /proc with the loopback
+clusters' node0 .., and runs are told apart by node name there."""
 _running: list[NetnsCluster] = []
 
 
@@ -40,7 +43,8 @@ def require_namespaces() -> None:
 @pytest.fixture(scope="session")
 def netns_cluster_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
     require_namespaces()
-    cluster = NetnsCluster(tmp_path_factory.mktemp("netns"), NETNS_NODES, guard=True)
+    cluster = NetnsCluster(tmp_path_factory.mktemp("netns"), NETNS_NODES, prefix=NETNS_PREFIX,
+                           guard=True)
     _running.append(cluster)
     try:
         cluster.up()

@@ -204,6 +204,10 @@ def test_preflight_names_every_failure_and_launch_refuses(lb2, tmp_path):
         ("master port", "node0"): f"port {cluster.master_port} is in use (Address already in use)",
         ("no other run", "node1"): f"svconsole run {busy} (pids "
                                    f"{failed[('no other run', 'node1')].split('(pids ')[1]}",
+        **{("data files", n): f"{train}: 1 of 1 sampled audio files do not exist on {n}: "
+                              f"line 1: {SAMPLE['source']}. Every rank would fail reading them. "
+                              f"Fix: put the audio on storage every node mounts at the same "
+                              f"path, or fix the paths in the list" for n in ("node0", "node1")},
     }, failed
     assert Check("data format", True, f"{train}: SenseVoice fields present") in prep.checks
     assert prep.plan is not None and prep.plan.world_size == 2

@@ -33,16 +33,17 @@ def test_netns_each_node_is_its_own_host(netns_cluster: NetnsCluster) -> None:
         assert out.returncode == 0, out.stderr
         seen[i] = out.stdout
         lines = out.stdout.splitlines()
-        assert lines[0] == f"node{i}"
+        name = netns_cluster.nodes[i]
+        assert lines[0] == name
         address = netns_cluster.node(i).address
         assert f"inet {address}/24" in out.stdout
         assert "default" not in out.stdout  # nothing routes out
-        assert re.search(rf"^{re.escape(address)}\s+node{i}$", out.stdout, re.M)  # its /etc/hosts
+        assert re.search(rf"^{re.escape(address)}\s+{name}$", out.stdout, re.M)  # its /etc/hosts
         assert sorted(lines[-2:]) == ["eth0", "lo"]  # its own /sys shows its own interfaces
     assert len({s.splitlines()[0] for s in seen.values()}) == netns_cluster.n
     no_route = netns_cluster.exec(1, "ip route get 192.0.2.1")
     assert no_route.returncode != 0 and "unreachable" in no_route.stderr
-    assert subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip() != "node0"
+    assert subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip() != netns_cluster.nodes[0]
 
 
 def test_netns_firewall_and_private_mount_are_per_node(netns_cluster: NetnsCluster,

@@ -1,4 +1,5 @@
-"""``svconsole check [--json] [--strict]``: is every node ready to train, and are they the same?
+"""``svconsole check [--json] [--strict] [--preflight [--profile FILE] [--entry E] [--env K=V]]``:
+is every node ready to train, and are they the same?
 
 Probes every node in parallel (one round trip each: hardware, GPUs, the training Python and its
 torch/NCCL/DeepSpeed/FunASR versions, shared_dir, network), places each node in the guide's
@@ -8,6 +9,12 @@ in the state directory) and count as not ready.
 
 Exit code: 0 when the cluster is ready or degraded (1 for degraded with ``--strict``), 1 when it
 is not ready.
+
+``--preflight`` runs the launch's pre-flight instead, exactly as ``svconsole launch --dry-run``
+does (the same checks and results: stack, master port free and reachable from every worker, peer
+ports between every pair of nodes, output_dir the same storage everywhere, the interface to the
+master, hostname resolution, the data lists' audio files on every node) and prints the plan and
+every check; exit code 1 when one fails.
 """
 
 from __future__ import annotations
@@ -47,7 +54,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-torch", action="store_true",
                         help="do not import torch on the nodes (faster; its CUDA and NCCL "
                              "versions stay unknown)")
+    parser.add_argument("--preflight", action="store_true",
+                        help="run the launch's pre-flight checks (as launch --dry-run)")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="with --preflight: the training profile (default: training.yaml "
+                             "beside cluster.yaml)")
+    parser.add_argument("--entry", choices=("train_ds", "cpu-wrapper"),
+                        help="with --preflight: train_ds (default) or cpu-wrapper")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --preflight: the run's extra environment (repeatable), e.g. "
+                             "GLOO_SOCKET_IFNAME=eth0")
     parser.set_defaults(func=handler)
+
+
+def preflight(args: argparse.Namespace, ctx: Context) -> int:
+    """``check --preflight``: ``launch --dry-run``'s own handler, so both say the same."""
+    from console.commands import launch
+
+    dry = argparse.Namespace(profile=args.profile, entry=args.entry, nproc_per_node=None,
+                             master_port=None, env=args.env, ds_config=None, resume=None,
+                             dry_run=True, force=False, yes=False, json=args.json)
+    return launch.handler(dry, ctx)
 
 
 def collect(pool: Pool, cluster: Cluster, state_dir: Path | None = None,
@@ -128,6 +155,9 @@ def render(cluster: Cluster, report: Report, out: TextIO, now: float | None = No
 
 def handler(args: argparse.Namespace, ctx: Context) -> int:
     from console.cluster.inventory import Verdict
+
+    if args.preflight:
+        return preflight(args, ctx)
 
     facts, report = collect(ctx.pool, ctx.cluster, ctx.state_dir, args.timeout,
                             not args.no_torch)

@@ -193,12 +193,14 @@ class NetnsCluster(LoopbackCluster):
 
     ``subnet``: the first three octets of the /24 (default: :func:`pick_subnet`). ``guard``:
     a watchdog process takes the whole cluster down when this process dies (the test fixture's
-    protection against a killed test run)."""
+    protection against a killed test run). ``prefix``: nodes are ``<prefix>0`` .. (also their
+    hostnames); the nodes share this machine's ``/proc``, where runs are told apart by node name,
+    so a cluster that runs beside loopback clusters (``node0`` ..) takes another prefix."""
 
     GUARD_MODULE = "console.ssh.netns"
 
     def __init__(self, directory: str | os.PathLike[str], n: int, subnet: str | None = None, *,
-                 guard: bool = False, start_timeout: float = 30.0) -> None:
+                 prefix: str = "node", guard: bool = False, start_timeout: float = 30.0) -> None:
         super().__init__(directory, n, base_port=SSH_PORT, user="root", guard=guard,
                          start_timeout=start_timeout)
         if subnet is not None:
@@ -207,6 +209,9 @@ class NetnsCluster(LoopbackCluster):
                 raise NetnsError(f"subnet {subnet}.0/24 is not inside 10.0.0.0/8")
         if n > CONSOLE_HOST - 1:
             raise NetnsError(f"a namespace cluster has at most {CONSOLE_HOST - 1} nodes")
+        if not re.fullmatch(r"[a-z][a-z0-9-]{0,20}", prefix):
+            raise NetnsError(f"node name prefix {prefix!r}: lowercase letters, digits and '-'")
+        self.prefix = prefix
         self.subnet = subnet
         self.tag = _tag(self.directory)
         self.master_port = MASTER_PORT
@@ -230,6 +235,10 @@ class NetnsCluster(LoopbackCluster):
     def sshd_wrapper(self) -> Path:
         return self.directory / "sshd-in-node"
 
+    @property
+    def nodes(self) -> list[str]:
+        return [f"{self.prefix}{i}" for i in range(self.n)]
+
     def namespaces(self, i: int) -> NodeNamespaces:
         return NodeNamespaces(i, f"svn{self.tag}-node{i}", f"svn{self.tag}-{i}",
                               f"{self.subnet}.{i + 1}")
@@ -238,7 +247,7 @@ class NetnsCluster(LoopbackCluster):
         i = self.nodes.index(which) if isinstance(which, str) else which
         if not 0 <= i < self.n:
             raise NetnsError(f"no node {which!r} in a cluster of {self.n}")
-        return LoopbackNode(i, f"node{i}", f"{self.subnet}.{i + 1}", SSH_PORT,
+        return LoopbackNode(i, self.nodes[i], f"{self.subnet}.{i + 1}", SSH_PORT,
                             self.directory / f"node{i}", False)
 
     def hosts_file(self, i: int) -> Path:
@@ -255,7 +264,8 @@ class NetnsCluster(LoopbackCluster):
     # -- state --------------------------------------------------------------------------------
 
     def _save_netns(self) -> None:
-        state = {"n": self.n, "subnet": self.subnet, "tag": self.tag, "bridge": self.bridge,
+        state = {"n": self.n, "subnet": self.subnet, "prefix": self.prefix, "tag": self.tag,
+                 "bridge": self.bridge,
                  "netns": [self.namespaces(i).netns for i in range(self.n)],
                  "veths": [self.namespaces(i).veth for i in range(self.n)],
                  "holders": {str(i): list(v) for i, v in self._holders.items()}}
@@ -270,7 +280,7 @@ class NetnsCluster(LoopbackCluster):
             state = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise NetnsError(f"{path}: no namespace cluster state here ({exc})") from None
-        cluster = cls(directory, state["n"], state["subnet"])
+        cluster = cls(directory, state["n"], state["subnet"], prefix=state.get("prefix", "node"))
         cluster._holders = {int(i): (v[0], v[1]) for i, v in state.get("holders", {}).items()}
         with contextlib.suppress(LoopbackError, KeyError, TypeError, ValueError):
             sshd = LoopbackCluster.load(directory)
@@ -326,9 +336,9 @@ class NetnsCluster(LoopbackCluster):
             _ip("-n", ns.netns, "link", "set", "lo", "up")
 
     def _hosts_text(self, i: int) -> str:
-        lines = [f"# /etc/hosts of node{i} in the svconsole namespace cluster {self.directory}",
+        lines = [f"# /etc/hosts of {self.nodes[i]} in the svconsole namespace cluster {self.directory}",
                  "127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-        lines += [f"{self.subnet}.{j + 1}\tnode{j}" for j in range(self.n)]
+        lines += [f"{self.subnet}.{j + 1}\t{self.nodes[j]}" for j in range(self.n)]
         return "\n".join(lines) + "\n"
 
     def set_hosts(self, i: int, text: str) -> None:
@@ -399,6 +409,7 @@ class NetnsCluster(LoopbackCluster):
                   f"# Stop:  scripts/netns-cluster down {self.directory}\n")
         body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
         body = body.replace("  name: loopback\n", f"  name: netns-{self.tag}\n", 1)
+        body = body.replace("  master: node0\n", f"  master: {self.nodes[0]}\n", 1)
         _write(self.cluster_yaml, header + body + "\n")
 
     # -- taking it down -----------------------------------------------------------------------
@@ -529,6 +540,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("dir", type=Path)
     p.add_argument("--subnet", help=f"first three octets of the /24, e.g. "
                                     f"{DEFAULT_SUBNET_PREFIX}.7 (default: the first free)")
+    p.add_argument("--prefix", default="node", help="node names and hostnames: PREFIX0 .. "
+                                                    "(default node)")
     p = sub.add_parser("down", help="remove every namespace, link and process of DIR")
     p.add_argument("dir", type=Path)
     p = sub.add_parser("status", help="show the nodes")
@@ -560,7 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _guard(args.dir, args.owner, args.owner_start_time)
     try:
         if args.command == "up":
-            cluster = NetnsCluster(args.dir, args.n, args.subnet).up()
+            cluster = NetnsCluster(args.dir, args.n, args.subnet, prefix=args.prefix).up()
             print(cluster.cluster_yaml)
             print(f"{args.n} nodes up on {cluster.subnet}.1..{cluster.subnet}.{args.n} (bridge "
                   f"{cluster.bridge}, console {cluster.console_address}).\n"
