@@ -41,6 +41,7 @@ from console.cluster.probe import (
     master_round_trips,
     probe_node,
 )
+from console.ssh.pool import NodeState
 from screens.base import ConsoleScreen
 from screens.bridge import follow_node_states
 from screens.messages import ClusterChanged, NodeFactsArrived, NodeStatusChanged, ProbeRoundFinished
@@ -206,6 +207,7 @@ class NodesScreen(ConsoleScreen):
         self.probing: set[str] = set()  # nodes whose facts this round has not brought yet
         self.round_running = False
         self._probe_due = False
+        self._back: set[str] = set()   # nodes up again whose last probe failed
         self._timer = None
         self._wide: bool | None = None
         self._unsubscribe: Callable[[], None] = lambda: None
@@ -422,8 +424,21 @@ class NodesScreen(ConsoleScreen):
     # ------------------------------------------------------------------ messages
 
     def on_node_status_changed(self, message: NodeStatusChanged) -> None:
-        if message.status.node in self.console.cluster.names():
-            self._render_table()
+        name = message.status.node
+        if name not in self.console.cluster.names():
+            return
+        facts = self.facts.get(name)
+        if message.status.state == NodeState.UP and facts is not None and not facts.ok:
+            # Back: its "unreachable" facts are probed again now, not at the next round.
+            self._back.add(name)
+            self._probe_back()
+        self._render_table()
+
+    def _probe_back(self) -> None:
+        """Probe the nodes that came back, unless a round is running (then when it ends)."""
+        if self._back and not self.round_running:
+            names, self._back = sorted(self._back), set()
+            self.start_probe(names, torch=False)
 
     def on_node_facts_arrived(self, message: NodeFactsArrived) -> None:
         name = message.facts.node
@@ -441,6 +456,7 @@ class NodesScreen(ConsoleScreen):
         self.round_running = False
         self._render_table()
         self._arm()
+        self._probe_back()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._show_detail()
