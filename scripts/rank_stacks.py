@@ -224,7 +224,8 @@ def dump(args: dict) -> dict:
                 r["error"] = "py-spy printed no JSON"
             continue
         said = [ln for ln in err.decode(errors="replace").splitlines() if ln.strip()]
-        cause = [ln.strip() for ln in said if not ln.startswith(" ") and "Stack backtrace" not in ln]
+        cause = [ln.strip() for ln in said
+                 if not ln.startswith(" ") and "Stack backtrace" not in ln]
         text = "; ".join(cause[:4]) or f"py-spy exited {proc.returncode}"
         if "ermission" in text or "EPERM" in text or "Operation not permitted" in text:
             text += ". " + (advice or "py-spy needs ptrace rights over the rank: run it as the "

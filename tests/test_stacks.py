@@ -57,6 +57,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _identity(cluster) -> dict:
+    """The cluster identity a launched run's record carries (where runs have one)."""
+    if "identity" not in runs.RunRecord.__dataclass_fields__:
+        return {}
+    from console.cluster.identity import identity
+
+    return {"identity": identity(cluster, create=True).to_dict()}
+
+
 class FakeRun:
     """Rank processes tagged like a launched run's, one per node, and its record."""
 
@@ -83,7 +92,7 @@ class FakeRun:
                                       f"{own}/{node}.exit"))
         plan = {"nodes": [{"node": n, "node_rank": i, "nproc": 1} for i, n in enumerate(names)]}
         self.record = runs.RunRecord(self.id, time.time(), self.cluster.name, str(directory),
-                                     names[0], nodes, plan=plan)
+                                     names[0], nodes, plan=plan, **_identity(self.cluster))
         self.logs = [Path(n.log) for n in nodes]
 
     def steps(self, rank: int) -> int:
@@ -236,3 +245,36 @@ def test_reply_without_pyspy_or_ptrace_says_what_to_do() -> None:
     assert "ptrace_scope is 1" in notes[1]
     _, suspects = analyse(ranks)
     assert suspects[0].why == "rank 0 on node1 is stopped (state T) for 12 s"
+
+
+def test_stall_watch_diagnoses_a_stall_once_and_names_the_stopped_rank(
+        fake_run: FakeRun) -> None:
+    from test_metrics import Clock, train_line
+
+    from console.training.logparse import parse_line
+    from console.training.metrics import MetricsStore
+    from console.training.stacks import StallWatch
+
+    names = fake_run.cluster.names()
+    clock = Clock()
+    store = MetricsStore(clock=clock)
+    for step in (1, 2, 3):
+        for rank in range(NODES):
+            store.add(parse_line(train_line(rank, step)), node=names[rank])
+    pool = Pool(fake_run.cluster)
+    watch = StallWatch(pool, fake_run.record, store)
+    os.kill(fake_run.procs[1].pid, signal.SIGSTOP)
+    try:
+        assert watch.check() is None  # no stall yet: nothing asked
+        clock.now += 61
+        text = watch.check()
+        assert text is not None and f"stacks: rank 1 on {names[1]} is stopped (state T)" in text
+        assert "reachab" in text  # the reachability checks were asked (or say why not)
+        assert watch.check() is None  # one diagnosis per stall
+        [stall] = [f for f in store.findings() if f.id == "run-stalled"]
+        assert (stall.rank, stall.node) == (1, names[1])
+        assert "diagnosis: " in stall.detail and "is stopped (state T)" in stall.detail
+    finally:
+        os.kill(fake_run.procs[1].pid, signal.SIGCONT)
+        pool.close()
+        store.close()

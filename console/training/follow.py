@@ -32,6 +32,7 @@ from console.subscribers import Subscribers
 from console.training.logparse import Event, LogParser
 from console.training.metrics import MetricsStore
 from console.training.runs import PREFIX, NodeRun, RunRecord, node_args, node_stream
+from console.training.stacks import StallWatch
 
 log = logging.getLogger(__name__)
 
@@ -203,9 +204,14 @@ class RunFollower:
     def __init__(self, pool: Pool, record: RunRecord, *, store: MetricsStore | None = None,
                  interval: float = 0.5, max_events: int = 5000, once: bool = False,
                  heartbeat: float = 2.0, retry_max: float = 10.0,
-                 positions: dict[str, Position] | None = None) -> None:
+                 positions: dict[str, Position] | None = None,
+                 diagnose_stalls: bool = True) -> None:
         self.record = record
         self.store = store if store is not None else MetricsStore()
+        self.store.watch_run(record.created)
+        self.stall_watch = None if once or not diagnose_stalls else StallWatch(pool, record,
+                                                                               self.store)
+        """Diagnoses a run stall once seen (reachability, stacks: console.training.stacks)."""
         self.interval = interval
         self.max_events = max_events
         self._lock = threading.Lock()
@@ -248,6 +254,8 @@ class RunFollower:
         self._dispatcher = threading.Thread(target=self._dispatch, daemon=True,
                                             name=f"svconsole-run-{self.record.id}")
         self._dispatcher.start()
+        if self.stall_watch is not None:
+            self.stall_watch.start()
         return self
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -261,6 +269,8 @@ class RunFollower:
         return self.ended
 
     def stop(self) -> None:
+        if self.stall_watch is not None:
+            self.stall_watch.stop()
         for follower in self.followers.values():
             follower.stop()
         self._stop.set()
@@ -295,6 +305,8 @@ class RunFollower:
                 self._update()
                 last_states = states
             if finished:
+                if self.ended:
+                    self.store.run_ended()
                 return
             time.sleep(self.interval)  # at most one update per interval
 

@@ -19,8 +19,11 @@ Stacks view of the TUI shows the same.
 
 from __future__ import annotations
 
+import importlib
 import json
+import logging
 import re
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +32,10 @@ from typing import Any
 
 from console.ssh.pool import Pool
 from console.ssh.remote import script_text
+from console.training.metrics import MetricsStore, RunStall
 from console.training.runs import PREFIX, RunRecord, check_own, node_command
+
+log = logging.getLogger(__name__)
 
 NODE_SCRIPT = "rank_stacks.py"
 KEY_FRAMES = 3
@@ -428,5 +434,90 @@ def analyse(ranks: Sequence[RankStack], *, world_size: int | None = None,
     return groups, suspects
 
 
-__all__ = ["Frame", "Group", "RankStack", "StacksReport", "Suspect", "analyse", "collective_of",
-           "ranks_from_reply", "stepping", "take_stacks"]
+# ---------------------------------------------------------------- stall diagnosis
+
+
+def diagnose_stall(pool: Pool, record: RunRecord) -> tuple[str, Suspect | None]:
+    """What a stalled run's nodes say: the reachability pre-flight (master port, peer ports,
+    from every node; ``console.training.preflight.reachability`` where it exists), then the
+    stacks. Returns the text for the stall finding and the suspect it names (the only one, or
+    the first stopped one), if any."""
+    parts = []
+    try:
+        reachability = importlib.import_module("console.training.preflight").reachability
+    except (ImportError, AttributeError):
+        reachability = None
+        parts.append("reachability not checked (this console has no reachability checks)")
+    checks = None
+    if reachability is not None:
+        try:
+            checks = reachability(pool, record)
+        except Exception as exc:  # noqa: BLE001 - a diagnosis never breaks the follower
+            parts.append(f"reachability could not be checked: {exc}")
+    if checks is not None:
+        failed = [c for c in checks if not c.ok]
+        parts.append("all reachable: see `svconsole stacks`" if not failed else
+                     "not reachable: " + "; ".join(
+                         (f"{c.node}: " if c.node else "") + c.message for c in failed))
+    suspect = None
+    try:
+        report = take_stacks(pool, record, native=False)
+    except Exception as exc:  # noqa: BLE001
+        parts.append(f"stacks could not be taken: {exc}")
+    else:
+        stopped = [s for s in report.suspects if "(state T)" in s.why]
+        suspect = stopped[0] if stopped else (report.suspects[0] if len(report.suspects) == 1
+                                              else None)
+        if report.suspects:
+            parts.append("stacks: " + "; ".join(s.why for s in report.suspects[:4]))
+        elif report.groups:
+            parts.append(f"stacks: every rank in {report.groups[0].label}, no rank outside it")
+        parts += [f"stacks: {n}" for n in report.notes[:2]]
+    return "; ".join(parts), suspect
+
+
+class StallWatch:
+    """Watches a followed run's store for a run stall and diagnoses each one once
+    (:func:`diagnose_stall`, on this watch's thread); the result goes into the stall's finding
+    (:meth:`MetricsStore.set_stall_diagnosis`)."""
+
+    def __init__(self, pool: Pool, record: RunRecord, store: MetricsStore, *,
+                 interval: float = 5.0) -> None:
+        self.pool, self.record, self.store, self.interval = pool, record, store, interval
+        self.diagnosed: list[tuple[RunStall, str]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> str | None:
+        """Diagnose the stall now, if there is one not yet diagnosed; its text."""
+        stall = self.store.run_stall()
+        if stall is None or any(d.since == stall.since for d, _ in self.diagnosed):
+            return None
+        text, suspect = diagnose_stall(self.pool, self.record)
+        self.diagnosed.append((stall, text))
+        self.store.set_stall_diagnosis(stall.since, text,
+                                       rank=suspect.rank if suspect else None,
+                                       node=suspect.node if suspect else None)
+        return text
+
+    def start(self) -> StallWatch:
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"svconsole-stall-{self.record.id}")
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - keep watching
+                log.exception("stall diagnosis of run %s failed", self.record.id)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+
+__all__ = ["Frame", "Group", "RankStack", "StacksReport", "StallWatch", "Suspect", "analyse",
+           "collective_of", "diagnose_stall", "ranks_from_reply", "stepping", "take_stacks"]
