@@ -677,8 +677,19 @@ class NodesScreen(ConsoleScreen):
         cluster = self.console.cluster
         text = export_hostfile(cluster, {n: c for n, c in counts.items()
                                          if cluster.node(n).gpus is None})
+        hosts = [line for line in text.splitlines() if line and not line.startswith("#")]
+        if not hosts:
+            # as `svconsole hostfile export` refuses: a hostfile with no host line launches
+            # nothing, whatever "(3 nodes)" would say
+            raise ValueError(f"{path} not written: no node has a GPU (the probes found none and "
+                             "no node sets gpus:), so the hostfile would have no host line; "
+                             "set gpus: in cluster.yaml or use svconsole hostfile export "
+                             "--slots N")
         atomic_write(Path(path).expanduser(), text, backup=True)
-        self.app.call_from_thread(self.notify, f"wrote {path} ({len(cluster.nodes)} nodes)")
+        left_out = len(cluster.nodes) - len(hosts)
+        note = f"; {left_out} node(s) without GPUs left out" if left_out else ""
+        self.app.call_from_thread(self.notify,
+                                  f"wrote {path} ({len(hosts)} host line(s){note})")
 
     def _use_saved(self, cluster: Cluster | None) -> None:
         if cluster is not None:

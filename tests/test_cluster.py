@@ -83,7 +83,7 @@ BAD_INPUTS = [
     (
         "cluster:\n  zzz: 1\n" + MINIMAL,
         [
-            "cluster.yaml:2:3: cluster.zzz: unknown key (valid keys: name, shared_dir, master, master_port, python)"
+            "cluster.yaml:2:3: cluster.zzz: unknown key (valid keys: name, shared_dir, master, master_port, python, id)"
         ],
     ),
     (
@@ -185,7 +185,7 @@ BAD_INPUTS = [
     ("nodes:\n  - name:\n    host: h\n", ["cluster.yaml:2:5: nodes[0].name: required"]),
     (
         "ssh:\n  jump_host: a@b:c:d@\n" + MINIMAL,
-        ["cluster.yaml:2:14: ssh.jump_host: must be [user@]host[:port], got 'a@b:c:d@'"],
+        ["cluster.yaml:2:14: ssh.jump_host: must be [user@]host[:port] (or a comma-separated chain of them), got 'a@b:c:d@'"],
     ),
     (
         "ssh:\n  connect_timeout: 0\n" + MINIMAL,

@@ -115,8 +115,8 @@ def test_system_files_are_read_only_and_trusted(loopback, tmp_path) -> None:
     own = tmp_path / "own_known_hosts"
     store = KnownHosts(own, "strict", system_paths=[loopback.known_hosts])
     node = loopback.node(1)
-    keys = store.known(node.address, node.port)
+    keys = store.known(host_id(node.address, node.port))
     assert list(keys) == ["ssh-ed25519"]
     assert fingerprint(keys["ssh-ed25519"]) == openssh_fingerprint(host_pub(loopback, 1))
-    assert store.known(node.address, 22) == {}  # [host]:port and host are different entries
+    assert store.known(node.address) == {}  # [host]:port and host are different entries
     assert not own.exists()

@@ -72,3 +72,43 @@ async def test_nodes_reasons_follow_a_node_that_came_back(loopback, monkeypatch)
                              30)
     finally:
         pool.close()
+
+
+async def test_nodes_hostfile_export_refuses_gpu_less_nodes_like_the_cli(tmp_path):
+    """Seen: Nodes `o` wrote a hostfile with no host lines and said "(3 nodes)" on GPU-less
+    nodes, where `svconsole hostfile export` refuses."""
+    from test_nodes_screen import feed as feed_facts
+    from test_nodes_screen import fixture_facts
+    from textual.widgets import Input
+
+    from console.cluster.model import load_cluster
+    from console.ssh.pool import Pool
+    from screens.app import SVConsoleApp
+
+    yaml_path = tmp_path / "cluster.yaml"
+    yaml_path.write_text("cluster:\n  name: cpu-lab\n  master: node0\nnodes:\n" + "".join(
+        f"  - name: node{i}\n    host: 192.0.2.{10 + i}\n" for i in range(4)))
+    cluster = load_cluster(yaml_path)
+    pool = Pool(cluster)
+    app = SVConsoleApp(cluster, pool, health_interval=None)
+    notes: list[str] = []
+    app.notify = lambda message, **kw: notes.append(str(message))  # type: ignore[method-assign]
+    gpu_less = []
+    for i, f in enumerate(fixture_facts()[:1] * 4):
+        f = type(f).from_json(f.to_json())
+        f.node, f.gpus, f.ok, f.stale = f"node{i}", [], True, False
+        gpu_less.append(f)
+    out = tmp_path / "hostfile"
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await feed_facts(app, pilot, gpu_less)
+            await pilot.press("o")
+            await pilot.pause()
+            app.screen.query_one(Input).value = str(out)
+            await pilot.press("enter")
+            await app.workers.wait_for_complete()
+            await wait_until(pilot, lambda: notes, "the refusal")
+            assert not out.exists()
+            assert "no node has a GPU" in notes[-1] and "--slots" in notes[-1], notes
+    finally:
+        pool.close()

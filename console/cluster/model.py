@@ -60,10 +60,21 @@ class SSHSettings:
     host_key_policy: HostKeyPolicy = "accept-new"
     """``accept-new`` records the key of a node seen for the first time; ``strict`` refuses it."""
     jump_host: str | None = None
-    """``[user@]host[:port]`` of a bastion all connections go through."""
+    """``[user@]host[:port]`` of a bastion all connections go through; a comma-separated chain
+    (``bastion,inner``) goes through each in turn, as OpenSSH's ProxyJump."""
     connect_timeout: float = 10.0
     max_parallel: int = 32
     """How many nodes one fan-out talks to at the same time."""
+    config_file: str = "~/.ssh/config"
+    """The OpenSSH client config whose Host blocks apply (raw path; see console.ssh.sshconfig)."""
+    use_ssh_config: bool = True
+    """False: ignore ``config_file`` (only cluster.yaml and the defaults apply)."""
+    origins: tuple[tuple[str, str], ...] = ()
+    """``(key, "cluster.yaml:LINE")`` for each key written in the ``ssh:`` section."""
+
+    def origin(self, key: str) -> str | None:
+        """Where ``key`` was set (``cluster.yaml:7 ssh.port``), None if it is a default."""
+        return dict(self.origins).get(key)
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,13 @@ class Node:
     """Run through local subprocesses, not SSH."""
     line: int | None = None
     """Line of cluster.yaml where the node is declared (for messages)."""
+    origins: tuple[tuple[str, str], ...] = ()
+    """``(field, "cluster.yaml:LINE key")`` for host, port, user and identity_file when
+    cluster.yaml sets them (on the node or in ``ssh:``); a field not listed is a default, which
+    an ssh_config Host block may replace."""
+
+    def origin(self, key: str) -> str | None:
+        return dict(self.origins).get(key)
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,8 @@ class JumpHost:
     host: str
     port: int = 22
     user: str | None = None
+    port_given: bool = False
+    """Whether the text named the port (else an ssh_config Port may apply)."""
 
 
 @dataclass(frozen=True)
@@ -156,13 +176,13 @@ class Cluster:
         ssh = self.ssh
         jump = None
         if ssh.jump_host:
-            j = parse_jump_host(ssh.jump_host)
-            jump = JumpHost(j.host, j.port, j.user or ssh.user or _local_user())
+            j = parse_jump_chain(ssh.jump_host)[-1]
+            jump = JumpHost(j.host, j.port, j.user or ssh.user or local_user())
         return SSHParams(
             node=n.name,
             host=n.host,
             port=n.port,
-            user=n.user or _local_user(),
+            user=n.user or local_user(),
             identity_file=self.local_path(n.identity_file) if n.identity_file else None,
             known_hosts=self.local_path(ssh.known_hosts),
             host_key_policy=ssh.host_key_policy,
@@ -172,7 +192,8 @@ class Cluster:
         )
 
 
-def _local_user() -> str:
+def local_user() -> str:
+    """This machine's user name (what ``ssh`` logs in as when no User is given)."""
     try:
         return getpass.getuser()
     except (OSError, KeyError):
@@ -355,7 +376,10 @@ def _gpus(value: Any) -> tuple[int, ...]:
 
 
 def parse_jump_host(text: str) -> JumpHost:
-    """Split ``[user@]host[:port]`` (IPv6 in brackets: ``[::1]:22``); ValueError if malformed."""
+    """Split ``[user@]host[:port]`` (IPv6 in brackets: ``[fd00::1]:2222``; bare ``fd00::1`` is a
+    host without a port) or ``ssh://[user@]host[:port]``; ValueError if malformed. The one parser
+    of SSH addresses: cluster.yaml's jump_host, ssh_config's ProxyJump and the pool use it."""
+    text = text.removeprefix("ssh://")
     user, _, rest = text.rpartition("@")
     port_text = ""
     if rest.startswith("["):
@@ -374,15 +398,21 @@ def parse_jump_host(text: str) -> JumpHost:
         if not port_text.isascii() or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
             raise ValueError(f"bad port in jump host {text!r}")
         port = int(port_text)
-    return JumpHost(host=host, port=port, user=user or None)
+    return JumpHost(host=host, port=port, user=user or None, port_given=bool(port_text))
+
+
+def parse_jump_chain(text: str) -> tuple[JumpHost, ...]:
+    """A comma-separated chain of :func:`parse_jump_host` addresses, first hop first."""
+    return tuple(parse_jump_host(part.strip()) for part in text.split(","))
 
 
 def _jump_host(value: Any) -> str:
     text = _string(value)
     try:
-        parse_jump_host(text)
+        parse_jump_chain(text)
     except ValueError:
-        raise _Invalid(f"must be [user@]host[:port], got {_describe(text)}") from None
+        raise _Invalid(f"must be [user@]host[:port] (or a comma-separated chain of them), "
+                       f"got {_describe(text)}") from None
     return text
 
 
@@ -408,6 +438,8 @@ _SSH_FIELDS = {
     "jump_host": _Field(_jump_host),
     "connect_timeout": _Field(_seconds),
     "max_parallel": _Field(_positive_int),
+    "config_file": _Field(_string),
+    "use_ssh_config": _Field(_boolean),
 }
 _NODE_FIELDS = {
     "name": _Field(_node_name, required=True),
@@ -544,7 +576,9 @@ def _check_document(doc: Any, source: str, path: Path | None) -> Cluster:
         name: c.fields(doc.get(name), name, _value_pos(doc, name) if name in doc else top, spec)
         for name, spec in (("cluster", _CLUSTER_FIELDS), ("ssh", _SSH_FIELDS))
     }
-    ssh = SSHSettings(**sections["ssh"])
+    ssh_doc = doc.get("ssh")
+    ssh = SSHSettings(**sections["ssh"], origins=tuple(
+        (key, f"{source}:{_value_pos(ssh_doc, key)[0]} ssh.{key}") for key in sections["ssh"]))
     nodes, names = _check_nodes(c, doc, ssh)
     conf = sections["cluster"]
     master = conf.pop("master", None)
@@ -628,6 +662,11 @@ def _check_nodes(
             else:
                 head = i
         if len(c.issues) == count:
+            origins = tuple(
+                (key, f"{c.source}:{_value_pos(item, key)[0]} {path}.{key}") if key in v
+                else (key, ssh.origin(key) or "")
+                for key in ("host", "port", "user", "identity_file")
+                if key in v or ssh.origin(key))
             nodes.append(
                 Node(
                     name=name,
@@ -639,6 +678,7 @@ def _check_nodes(
                     gpus=v.get("gpus"),
                     local=local,
                     line=_own_pos(item)[0],
+                    origins=origins,
                 )
             )
     return nodes, list(seen_names)
@@ -723,7 +763,7 @@ def local_cluster() -> Cluster:
     """The embedded default: this machine as a one-node cluster, run without SSH."""
     hostname = socket.gethostname() or "localhost"
     name = re.sub(r"[^A-Za-z0-9._-]", "-", hostname.split(".")[0]).lstrip("._-") or "local"
-    node = Node(name=name, host="localhost", user=_local_user(), role="head", local=True)
+    node = Node(name=name, host="localhost", user=local_user(), role="head", local=True)
     return Cluster(
         name=hostname,
         nodes=(node,),

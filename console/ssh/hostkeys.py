@@ -1,8 +1,14 @@
 """SSH host-key checking for svconsole's connections.
 
 svconsole keeps its own ``known_hosts`` file (``ssh.known_hosts`` in cluster.yaml, created with
-mode 0600) and also trusts the system ones (``~/.ssh/known_hosts``, ``/etc/ssh/ssh_known_hosts``),
-which it only reads. For every connection:
+mode 0600) and also trusts the system ones (``~/.ssh/known_hosts``, ``/etc/ssh/ssh_known_hosts``,
+or the files an ssh_config's ``UserKnownHostsFile``/``GlobalKnownHostsFile`` name), which it only
+reads. Hosts are looked up and recorded under the name OpenSSH uses (:func:`known_hosts_name`:
+``HostKeyAlias``, else the HostName, as ``[host]:port`` for a port other than 22), and the files
+are read as OpenSSH reads them: comma-separated patterns with ``*``/``?`` and ``!`` negation,
+hashed names, ``@revoked`` keys (refused, with the file and line that revokes them) and
+``@cert-authority`` lines (CA keys for host certificates: never taken for a host's own key;
+svconsole does not accept host certificates). For every connection:
 
 - a key that matches a known one is accepted;
 - a key that differs from the known key of the same type is always refused
@@ -18,9 +24,12 @@ paramiko's and fabric's ``AutoAddPolicy`` (accept anything, save nothing) is nev
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
+import hmac
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -47,6 +56,92 @@ def host_id(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
+def known_hosts_name(host: str, port: int, alias: str | None = None) -> str:
+    """The name OpenSSH looks a host up under: its ``HostKeyAlias`` as written (no port), else
+    :func:`host_id` of the address it connects to (the HostName, not the Host alias)."""
+    return alias if alias else host_id(host, port)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One key line of a known_hosts file."""
+
+    path: Path
+    line: int
+    marker: str | None
+    """``@revoked``, ``@cert-authority`` or None."""
+    patterns: str
+    key: paramiko.PKey
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    def matches(self, name: str) -> bool:
+        """Whether this line is about ``name`` (a :func:`known_hosts_name`), as OpenSSH decides:
+        a hashed name, or patterns of which one matches and no negated one does."""
+        if self.patterns.startswith("|1|"):
+            return _hashed_match(self.patterns, name)
+        found = False
+        for pattern in self.patterns.split(","):
+            negated = pattern.startswith("!")
+            if _glob(pattern[1:] if negated else pattern).fullmatch(name.lower()):
+                if negated:
+                    return False
+                found = True
+        return found
+
+    def same_key(self, key: paramiko.PKey) -> bool:
+        return self.key.get_name() == key.get_name() and self.key.asbytes() == key.asbytes()
+
+
+def _glob(pattern: str) -> re.Pattern[str]:
+    """OpenSSH's host pattern (``*`` and ``?`` only; brackets are literal), case-insensitive."""
+    parts = (".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern.lower())
+    return re.compile("".join(parts))
+
+
+def _hashed_match(field: str, name: str) -> bool:
+    try:
+        _, _, salt, digest = field.split("|", 3)
+        mac = hmac.new(base64.b64decode(salt), name.encode(), hashlib.sha1).digest()
+        return hmac.compare_digest(mac, base64.b64decode(digest))
+    except (ValueError, binascii.Error):
+        return False
+
+
+def read_entries(path: Path) -> list[Entry]:
+    """The key lines of one known_hosts file ([] if it does not exist). Lines that cannot be read
+    (a key type paramiko does not know, a broken key) are skipped with a debug log, as ssh does."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        log.warning("cannot read known_hosts %s: %s", path, exc)
+        return []
+    entries = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        fields = raw.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        marker = None
+        if fields[0].startswith("@"):
+            marker, fields = fields[0], fields[1:]
+            if marker not in ("@revoked", "@cert-authority"):
+                log.debug("%s:%d: unknown marker %s, line skipped", path, number, marker)
+                continue
+        if len(fields) < 3:
+            continue
+        try:
+            key = paramiko.PKey.from_type_string(fields[1], base64.b64decode(fields[2]))
+        except (paramiko.SSHException, ValueError, binascii.Error, TypeError) as exc:
+            log.debug("%s:%d: key not readable (%s), line skipped", path, number, exc)
+            continue
+        entries.append(Entry(path, number, marker, fields[0], key))
+    return entries
+
+
 def changed_reason(name: str, offered: paramiko.PKey, expected: paramiko.PKey) -> str:
     """Human text for a changed host key, with both fingerprints."""
     return (
@@ -54,6 +149,19 @@ def changed_reason(name: str, offered: paramiko.PKey, expected: paramiko.PKey) -
         f"offered {offered.get_name()} {fingerprint(offered)} (possible man-in-the-middle; "
         "remove the old entry from known_hosts if the change is expected)"
     )
+
+
+class HostKeyRevoked(paramiko.SSHException):
+    """The host offered a key that a known_hosts line marks ``@revoked``: refused, whatever the
+    policy and whatever other line lists it as good."""
+
+    def __init__(self, name: str, key: paramiko.PKey, where: str) -> None:
+        self.name = name
+        self.where = where
+        super().__init__(
+            f"host key for {name} is revoked: {key.get_name()} {fingerprint(key)} is marked "
+            f"@revoked in {where}; refused"
+        )
 
 
 class HostKeyUnknown(paramiko.SSHException):
@@ -81,6 +189,23 @@ class AcceptedKey:
         return f"new host key for {self.name} accepted: {self.key_type} {self.fingerprint} (recorded in {self.path})"
 
 
+@dataclass(frozen=True)
+class HostKeyCheck:
+    """What :meth:`KnownHosts.prepare` armed a connection with: the name and the revoked keys."""
+
+    name: str
+    revoked: tuple[Entry, ...]
+
+    def revoked_by(self, key: paramiko.PKey) -> str | None:
+        """The ``file:line`` that revokes ``key`` for this host, or None."""
+        return next((e.where for e in self.revoked if e.same_key(key)), None)
+
+
+def stricter(a: Policy, b: Policy) -> Policy:
+    """The stricter of two policies (an ssh_config can make a host stricter, never laxer)."""
+    return "strict" if "strict" in (a, b) else "accept-new"
+
+
 class KnownHosts:
     """svconsole's own known_hosts file plus the read-only system ones, with one policy."""
 
@@ -97,38 +222,46 @@ class KnownHosts:
         self.system_paths = tuple(Path(os.path.expanduser(os.fspath(p))) for p in system_paths)
         self._write_lock = threading.Lock()
 
-    def known(self, host: str, port: int) -> dict[str, paramiko.PKey]:
-        """Known keys of ``host:port`` by key type; svconsole's own file wins over system files."""
+    def entries(self, read_only: Iterable[Path] | None = None) -> list[Entry]:
+        """Every key line of the read-only files (``read_only``, default the system ones), then
+        of svconsole's own."""
+        paths = self.system_paths if read_only is None else tuple(read_only)
+        return [e for path in (*paths, self.path) for e in read_entries(path)]
+
+    def known(self, name: str, read_only: Iterable[Path] | None = None) -> dict[str, paramiko.PKey]:
+        """Good keys of ``name`` (a :func:`known_hosts_name`) by key type; a revoked key is never
+        one, and svconsole's own file wins over the system ones."""
+        entries = [e for e in self.entries(read_only) if e.matches(name)]
+        revoked = [e for e in entries if e.marker == "@revoked"]
         keys: dict[str, paramiko.PKey] = {}
-        name = host_id(host, port)
-        for path in (*self.system_paths, self.path):
-            table = paramiko.HostKeys()
-            try:
-                table.load(os.fspath(path))
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                log.warning("cannot read known_hosts %s: %s", path, exc)
-                continue
-            found = table.lookup(name)
-            if found is not None:
-                keys.update({kind: found[kind] for kind in found.keys()})
+        for entry in entries:
+            if entry.marker is None and not any(r.same_key(entry.key) for r in revoked):
+                keys[entry.key.get_name()] = entry.key
         return keys
 
     def prepare(
         self,
         client: paramiko.SSHClient,
-        host: str,
-        port: int,
+        name: str,
+        *,
+        connect_as: str | None = None,
         on_accept: Callable[[AcceptedKey], None] | None = None,
-    ) -> None:
-        """Arm ``client`` for a connection to ``host:port``: load that host's known keys (so paramiko
-        prefers their types and refuses a changed key) and install this policy for unknown keys."""
+        policy: Policy | None = None,
+        read_only: Iterable[Path] | None = None,
+    ) -> HostKeyCheck:
+        """Arm ``client`` for a connection to the host known as ``name``: load its good keys (so
+        paramiko prefers their types and refuses a changed key) under ``connect_as``, the name
+        paramiko itself looks up (:func:`host_id` of the address it connects to), and install
+        ``policy`` (default this store's) for a host with no known key."""
+        read = None if read_only is None else tuple(read_only)
+        entries = [e for e in self.entries(read) if e.matches(name)]
+        revoked = tuple(e for e in entries if e.marker == "@revoked")
         table = client.get_host_keys()
-        name = host_id(host, port)
-        for kind, key in self.known(host, port).items():
-            table.add(name, kind, key)
-        client.set_missing_host_key_policy(_Policy(self, on_accept))
+        for kind, key in self.known(name, read).items():
+            table.add(connect_as or name, kind, key)
+        check = HostKeyCheck(name, revoked)
+        client.set_missing_host_key_policy(_Policy(self, check, policy or self.policy, on_accept))
+        return check
 
     def record(self, name: str, key: paramiko.PKey) -> AcceptedKey:
         """Append ``key`` for ``name`` (a :func:`host_id`) to svconsole's file, hostname hashed."""
@@ -149,16 +282,24 @@ class KnownHosts:
 
 
 class _Policy(paramiko.MissingHostKeyPolicy):
-    """Called by paramiko only for a host with no known key of the offered type."""
+    """Called by paramiko only for a host with no known good key. ``hostname`` is paramiko's
+    name for it; the key is checked and recorded under the OpenSSH name in ``check``."""
 
-    def __init__(self, store: KnownHosts, on_accept: Callable[[AcceptedKey], None] | None) -> None:
+    def __init__(self, store: KnownHosts, check: HostKeyCheck, policy: Policy,
+                 on_accept: Callable[[AcceptedKey], None] | None) -> None:
         self.store = store
+        self.check = check
+        self.policy = policy
         self.on_accept = on_accept
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        if self.store.policy == "strict":
-            raise HostKeyUnknown(hostname, key)
-        accepted = self.store.record(hostname, key)
+        name = self.check.name
+        where = self.check.revoked_by(key)
+        if where is not None:
+            raise HostKeyRevoked(name, key, where)
+        if self.policy == "strict":
+            raise HostKeyUnknown(name, key)
+        accepted = self.store.record(name, key)
         client.get_host_keys().add(hostname, key.get_name(), key)
         if self.on_accept is not None:
             self.on_accept(accepted)

@@ -21,6 +21,10 @@ Layout of the directory::
     DIR/cluster.yaml  DIR/known_hosts  DIR/id_ed25519(.pub)  DIR/authorized_keys  DIR/state.json
     DIR/shared/                        (the cluster's shared_dir)
     DIR/node<i>/sshd_config  ssh_host_ed25519_key(.pub)  sshd.log  sshd.pid  banner.sh
+    DIR/node<i>/authorized_keys        (optional: keys only that node accepts, read at each login)
+
+Every node forwards TCP (``AllowTcpForwarding yes``), so any of them can be a jump host (a
+bastion, or a second hop behind one) for the others.
 """
 
 from __future__ import annotations
@@ -444,7 +448,9 @@ class LoopbackCluster:
             f"ListenAddress {node.address}:{node.port}",
             f"HostKey {node.host_key}",
             f"PidFile {node.pid_file}",
-            f"AuthorizedKeysFile {self.directory / 'authorized_keys'}",
+            f"AuthorizedKeysFile {self.directory / 'authorized_keys'} "
+            f"{node.directory / 'authorized_keys'}",
+            "AllowTcpForwarding yes",
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",
@@ -530,6 +536,7 @@ class LoopbackCluster:
             f"  known_hosts: {self.known_hosts}\n"
             "  host_key_policy: strict\n"
             "  connect_timeout: 5\n"
+            "  use_ssh_config: false  # this cluster is all here: no ~/.ssh/config Host block\n"
             "nodes:\n" + "".join(nodes)
         )
         _write(self.cluster_yaml, text)

@@ -1,9 +1,12 @@
 """The one SSH session pool that every part of svconsole shares.
 
 Each node gets one persistent SSH connection for the whole process, opened lazily under that
-node's lock and reused for every command as a new channel on its transport. Connections are built
-as ``fabric.Connection`` objects (user, port, identity file, jump host as a shared gateway), with
-svconsole's own host-key policy (:mod:`console.ssh.hostkeys`) instead of fabric's AutoAddPolicy.
+node's lock and reused for every command as a new channel on its transport. What to connect to is
+each node's :class:`~console.ssh.sshconfig.Endpoint` (cluster.yaml, then the user's ssh config:
+HostName, User, Port, IdentityFile, ProxyJump chains, ...). Connections are built as
+``fabric.Connection`` objects (fabric's own ssh_config reading off; each jump host one shared
+connection, a gateway for the next hop), with svconsole's own host-key policy
+(:mod:`console.ssh.hostkeys`, under the name OpenSSH uses) instead of fabric's AutoAddPolicy.
 Commands run on channels the pool drives itself (``Connection.run`` keeps all output in memory).
 
 Nothing here raises for a remote or connection failure: :meth:`Pool.run` returns a
@@ -37,7 +40,16 @@ import fabric
 import paramiko
 
 from console.cluster.model import Cluster, Node
-from console.ssh.hostkeys import AcceptedKey, HostKeyUnknown, KnownHosts, changed_reason
+from console.ssh.hostkeys import (
+    AcceptedKey,
+    HostKeyCheck,
+    HostKeyRevoked,
+    HostKeyUnknown,
+    KnownHosts,
+    changed_reason,
+    host_id,
+)
+from console.ssh.sshconfig import Endpoint, Resolver
 from console.subscribers import Subscribers
 
 log = logging.getLogger(__name__)
@@ -455,8 +467,7 @@ class _Peer:
     """One SSH endpoint (a node, or an outside jump host) and its persistent connection."""
 
     node: Node
-    user: str | None
-    identity_file: str | None
+    endpoint: Endpoint | None  # None for a local node
     sessions: threading.BoundedSemaphore
     lock: threading.Lock = field(default_factory=threading.Lock)
     conn: fabric.Connection | None = None
@@ -522,16 +533,6 @@ def sudo_refusal(node: str, output: str) -> str:
     return f"sudo on {node} refused the password ({said})"
 
 
-def _parse_jump(spec: str, default_port: int) -> tuple[str | None, str, int]:
-    """``[user@]host[:port]`` -> (user, host, port)."""
-    user, _, hostport = spec.rpartition("@")
-    host, port = hostport, default_port
-    if hostport.count(":") == 1:
-        host, _, text = hostport.partition(":")
-        port = int(text)
-    return (user or None), host, port
-
-
 class Pool:
     """One persistent connection per node, commands as channels, health with backoff.
 
@@ -549,7 +550,9 @@ class Pool:
     ) -> None:
         self.cluster = cluster
         ssh = cluster.ssh
-        self.known_hosts = KnownHosts(ssh.known_hosts, ssh.host_key_policy)
+        # relative to cluster.yaml's directory, wherever svconsole was started
+        self.known_hosts = KnownHosts(cluster.local_path(ssh.known_hosts), ssh.host_key_policy)
+        self.resolver = Resolver(cluster)
         self._sudo_password = sudo_password
         self._sudo_salt = secrets.token_bytes(16)  # passwords are compared as salted digests
         self._lock = threading.Lock()  # guards the subscriber list and executors only
@@ -558,50 +561,80 @@ class Pool:
         self._health_thread: threading.Thread | None = None
         self._health_stop = threading.Event()
         self._closed = False
+        self._sessions = sessions_per_node
         self._peers: dict[str, _Peer] = {}
+        self._hops: dict[tuple[object, ...], _Peer] = {}
         for node in cluster.nodes:
-            self._peers[node.name] = self._make_peer(node, sessions_per_node)
-        gateway = self._jump_peer(sessions_per_node)
-        for peer in self._peers.values():
-            if gateway is not None and peer is not gateway and not peer.node.local:
-                peer.gateway = gateway
+            endpoint = None if node.local else self._own_path(self.resolver.node(node))
+            self._peers[node.name] = self._make_peer(node, endpoint)
+        for peer in list(self._peers.values()):
+            if peer.endpoint is not None:
+                peer.gateway = self._gateway(peer.endpoint.jumps)
 
     def set_sudo_password(self, provider: Callable[[], str | None] | None) -> None:
         """Who answers sudo's password from now on (the TUI lends a modal's in-memory secret;
         the CLI a terminal prompt). ``None``: sudo commands that need a password fail."""
         self._sudo_password = provider
 
-    def _make_peer(self, node: Node, sessions: int) -> _Peer:
-        ssh = self.cluster.ssh
-        peer = _Peer(
-            node=node,
-            user=node.user or ssh.user,
-            identity_file=node.identity_file or ssh.identity_file,
-            sessions=threading.BoundedSemaphore(sessions),
-        )
+    def _make_peer(self, node: Node, endpoint: Endpoint | None) -> _Peer:
+        peer = _Peer(node=node, endpoint=endpoint,
+                     sessions=threading.BoundedSemaphore(self._sessions))
         peer.status = NodeStatus(node.name, NodeState.UP if node.local else NodeState.UNKNOWN)
         return peer
 
-    def _jump_peer(self, sessions: int) -> _Peer | None:
-        """The one shared gateway: a cluster node when ``jump_host`` names one, else its own peer."""
-        spec = self.cluster.ssh.jump_host
-        if not spec:
+    @staticmethod
+    def _own_path(endpoint: Endpoint) -> Endpoint:
+        """A node that is itself a hop on its path (``jump_host`` names a cluster node) is
+        reached directly, or through the hops before it."""
+        for i, hop in enumerate(endpoint.jumps):
+            if (hop.host, hop.port) == (endpoint.host, endpoint.port):
+                return replace(endpoint, jumps=endpoint.jumps[:i])
+        return endpoint
+
+    def _gateway(self, jumps: tuple[Endpoint, ...]) -> _Peer | None:
+        """The peer of the last hop of ``jumps`` (made once, shared by every node behind it);
+        a hop that is a cluster node, reached the same way, is that node's own connection."""
+        if not jumps:
             return None
-        if spec in self._peers:
-            return self._peers[spec]
-        user, host, port = _parse_jump(spec, self.cluster.ssh.port)
+        hop = jumps[-1]
         for peer in self._peers.values():
-            if peer.node.host == host and self._port(peer.node) == port:
+            ep = peer.endpoint
+            if ep is not None and (peer.node.name == hop.name or (
+                    (ep.host, ep.port, ep.user) == (hop.host, hop.port, hop.user)
+                    and [j.key for j in ep.jumps] == [j.key for j in hop.jumps])):
                 return peer
-        peer = self._make_peer(Node(name=spec, host=host, port=port, user=user), sessions)
-        self._peers[spec] = peer
+        peer = self._hops.get(hop.key)
+        if peer is None:
+            peer = self._make_peer(Node(name=hop.name, host=hop.host, port=hop.port,
+                                        user=hop.user), hop)
+            self._hops[hop.key] = peer
+            self._peers.setdefault(hop.name, peer)
+            peer.gateway = self._gateway(hop.jumps)
         return peer
 
-    def _where(self, node: Node) -> str:
-        return f"{node.host}:{self._port(node)}"
+    def endpoint(self, node: str) -> Endpoint | None:
+        """The node's effective connection (user@host:port via jumps, and where each value came
+        from); None for the local node."""
+        return self._peer(node).endpoint
 
-    def _port(self, node: Node) -> int:
-        return node.port if node.port is not None else self.cluster.ssh.port
+    def _where(self, peer: _Peer) -> str:
+        ep = peer.endpoint
+        if ep is None:
+            return peer.node.host
+        return f"[{ep.host}]:{ep.port}" if ":" in ep.host else f"{ep.host}:{ep.port}"
+
+    def _timeout(self, peer: _Peer) -> float:
+        ep = peer.endpoint
+        return ep.connect_timeout if ep is not None else self.cluster.ssh.connect_timeout
+
+    def _all_peers(self) -> list[_Peer]:
+        """Nodes and jump hosts, each once, the farthest behind jump hosts first."""
+        peers = {id(p): p for p in (*self._peers.values(), *self._hops.values())}.values()
+
+        def depth(peer: _Peer) -> int:
+            return len(peer.endpoint.jumps) if peer.endpoint is not None else 0
+
+        return sorted(peers, key=depth, reverse=True)
 
     # ----------------------------------------------------------------- status and subscribers
 
@@ -649,15 +682,15 @@ class Pool:
         with peer.state_lock:
             if peer.down is None:
                 peer.down = (time.monotonic(), reason)
-            peer.retry_at = time.monotonic() + self._retry_interval()
+            peer.retry_at = time.monotonic() + self._retry_interval(peer)
             self._set_status(peer, NodeState.DOWN, reason)
 
     def _mark_answering(self, peer: _Peer) -> None:
         with peer.state_lock:
             peer.down = None
 
-    def _retry_interval(self) -> float:
-        return min(RETRY_DOWN_AFTER, max(0.5, self.cluster.ssh.connect_timeout))
+    def _retry_interval(self, peer: _Peer) -> float:
+        return min(RETRY_DOWN_AFTER, max(0.5, self._timeout(peer)))
 
     def _fail_fast(self, peer: _Peer) -> None:
         """Raise at once for a node marked down, unless this call is the one that tries again."""
@@ -666,7 +699,7 @@ class Pool:
                 return
             now = time.monotonic()
             if now >= peer.retry_at:
-                peer.retry_at = now + self._retry_interval()
+                peer.retry_at = now + self._retry_interval(peer)
                 return
             since, reason = peer.down
         raise _Failure(f"{peer.node.name} down since {now - since:.0f} s: {reason}",
@@ -698,46 +731,58 @@ class Pool:
 
     def _open(self, peer: _Peer, deadline: float | None, probe: bool = False) -> paramiko.Transport:
         """Open a new connection to ``peer``; called with ``peer.lock`` held."""
-        node = peer.node
+        ep = peer.endpoint
+        assert ep is not None
         self._drop(peer)
+        if ep.error is not None:
+            self._set_status(peer, NodeState.DOWN, ep.error)
+            raise _Failure(ep.error, NodeState.DOWN)
         gateway = None
         if peer.gateway is not None:
             try:
                 self._connect(peer.gateway, deadline, probe=probe)
             except _Failure as exc:
-                raise _Failure(f"jump host {peer.gateway.node.name}: {exc}", NodeState.DOWN) from None
+                hop = peer.gateway
+                label = (hop.status.state if hop.status is not None else NodeState.DOWN).label
+                reason = f"jump host {hop.node.name} {label}: {exc}"
+                self._set_status(peer, NodeState.DOWN, reason)
+                raise _Failure(reason, NodeState.DOWN) from None
             gateway = peer.gateway.conn
         self._set_status(peer, NodeState.CONNECTING)
-        limit = _bounded(self.cluster.ssh.connect_timeout, deadline)
+        limit = _bounded(ep.connect_timeout, deadline)
         connect_kwargs: dict[str, object] = {
             "timeout": limit,
             "banner_timeout": limit,
             "auth_timeout": limit,
             "channel_timeout": limit,
-            "allow_agent": bool(os.environ.get("SSH_AUTH_SOCK")),
-            "look_for_keys": peer.identity_file is None,
+            "allow_agent": bool(os.environ.get("SSH_AUTH_SOCK")) and not ep.identities_only,
+            "look_for_keys": not ep.identity_files,
         }
-        if peer.identity_file:
-            connect_kwargs["key_filename"] = os.path.expanduser(peer.identity_file)
+        if ep.identity_files:
+            connect_kwargs["key_filename"] = list(ep.identity_files)
         conn = _Connection(
-            node.host,
-            user=peer.user,
-            port=self._port(node),
+            ep.host,
+            user=ep.user,
+            port=ep.port,
             connect_kwargs=connect_kwargs,
             gateway=gateway,
+            # only svconsole's reading of the ssh config applies (in ``ep``), not fabric's own
+            config=fabric.Config(ssh_config=paramiko.SSHConfig(), lazy=True),
         )
         # fabric int()s connect_timeout (0.5 s would mean no timeout at all): the float goes in
-        # connect_kwargs["timeout"], and a ConnectTimeout from ~/.ssh/config must not clash with it.
+        # connect_kwargs["timeout"].
         conn.connect_timeout = None
         accepted: list[AcceptedKey] = []
-        self.known_hosts.prepare(conn.client, node.host, self._port(node), accepted.append)
+        check = self.known_hosts.prepare(
+            conn.client, ep.host_key_name, connect_as=host_id(ep.host, ep.port),
+            on_accept=accepted.append, policy=ep.policy, read_only=ep.known_hosts)
         peer.count += 1
         try:
             conn.open()
         except Exception as exc:
             conn.client.close()  # fabric's close() skips a half-open client and leaks its socket
-            state, reason = _describe(exc, peer, self._where(node), limit)
-            if _timed_out(exc) and limit >= self.cluster.ssh.connect_timeout:
+            state, reason = _describe(exc, peer, self._where(peer), limit, check)
+            if _timed_out(exc) and limit >= ep.connect_timeout:
                 self._mark_down(peer, reason)
             else:
                 self._set_status(peer, state, reason)
@@ -745,7 +790,7 @@ class Pool:
         self._mark_answering(peer)
         peer.conn = conn
         transport = conn.transport
-        transport.set_keepalive(30)
+        transport.set_keepalive(ep.keepalive or 30)
         if isinstance(transport.sock, socket.socket):
             # Small SSH packets back to back (channel open, exec, close) otherwise wait ~40 ms
             # for delayed ACKs (Nagle): a 10x slower round trip per command.
@@ -773,7 +818,7 @@ class Pool:
         if peer.node.local:
             raise RemoteError(f"{node} is the local node: it has no SSH connection")
         try:
-            self._connect(peer, time.monotonic() + self.cluster.ssh.connect_timeout)
+            self._connect(peer, time.monotonic() + self._timeout(peer))
         except _Failure as exc:
             raise RemoteError(f"{node}: {exc}") from None
         assert peer.conn is not None
@@ -798,14 +843,14 @@ class Pool:
         """A new session channel; a connection found dead is reopened once."""
         for attempt in (1, 2):
             transport = self._connect(peer, deadline)
-            limit = _bounded(self.cluster.ssh.connect_timeout, deadline)
+            limit = _bounded(self._timeout(peer), deadline)
             try:
                 channel = transport.open_session(timeout=limit)
             except paramiko.ChannelException as exc:
                 raise _Failure(f"channel refused by the server: {exc}") from None
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 if transport.is_active():
-                    if limit >= self.cluster.ssh.connect_timeout:  # not just a short deadline
+                    if limit >= self._timeout(peer):  # not just a short deadline
                         self._mark_down(peer, "channel open timed out")
                     raise _Timeout(f"timed out opening a channel ({exc})") from None
                 self._set_status(peer, NodeState.DOWN, "connection lost")
@@ -976,7 +1021,7 @@ class Pool:
         """
         peer = self._peer(node)
         deadline = None if timeout is None else time.monotonic() + timeout
-        connect_deadline = time.monotonic() + self.cluster.ssh.connect_timeout
+        connect_deadline = time.monotonic() + self._timeout(peer)
         if deadline is not None:
             connect_deadline = min(connect_deadline, deadline)
         try:
@@ -1137,7 +1182,7 @@ class Pool:
 
     def _health_probe(self, peer: _Peer, interval: float, cap: float) -> None:
         try:
-            deadline = min(max(interval, 1.0), self.cluster.ssh.connect_timeout)
+            deadline = min(max(interval, 1.0), self._timeout(peer))
             status = self.ping(peer.node.name, deadline)
             if status.state == NodeState.UP:
                 peer.failures, peer.next_retry = 0, 0.0
@@ -1159,11 +1204,7 @@ class Pool:
             executor, self._executor = self._executor, None
         if thread is not None:
             thread.join(timeout=self.cluster.ssh.connect_timeout + 1)
-        for peer in self._peers.values():
-            if peer.gateway is None:
-                continue
-            self._drop(peer)  # nodes behind a jump host first, then the gateways
-        for peer in self._peers.values():
+        for peer in self._all_peers():  # nodes behind jump hosts first, then the gateways
             self._drop(peer)
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
@@ -1182,16 +1223,22 @@ def _timed_out(exc: BaseException) -> bool:
         and ("banner" in str(exc) or "No existing session" in str(exc)))
 
 
-def _describe(exc: BaseException, peer: _Peer, where: str, limit: float) -> tuple[NodeState, str]:
+def _describe(exc: BaseException, peer: _Peer, where: str, limit: float,
+              check: HostKeyCheck) -> tuple[NodeState, str]:
     """Map a connect failure to a state and a reason an operator can act on."""
     if isinstance(exc, _Failure):
         return exc.state or NodeState.DOWN, str(exc)
     if isinstance(exc, paramiko.BadHostKeyException):
-        return NodeState.HOSTKEY_CHANGED, changed_reason(exc.hostname, exc.key, exc.expected_key)
+        revoked = check.revoked_by(exc.key)
+        if revoked is not None:
+            return NodeState.HOSTKEY_CHANGED, str(HostKeyRevoked(check.name, exc.key, revoked))
+        return NodeState.HOSTKEY_CHANGED, changed_reason(check.name, exc.key, exc.expected_key)
+    if isinstance(exc, HostKeyRevoked):
+        return NodeState.HOSTKEY_CHANGED, str(exc)
     if isinstance(exc, HostKeyUnknown):
         return NodeState.HOSTKEY_UNKNOWN, str(exc)
     if isinstance(exc, paramiko.AuthenticationException):
-        user = peer.user or "(local user)"
+        user = peer.endpoint.user if peer.endpoint is not None else "(local user)"
         return NodeState.AUTH_FAILED, f"authentication failed for {user}@{where}: {exc}"
     if isinstance(exc, FileNotFoundError):
         return NodeState.AUTH_FAILED, f"identity file not found: {exc.filename}"
@@ -1201,7 +1248,8 @@ def _describe(exc: BaseException, peer: _Peer, where: str, limit: float) -> tupl
     if isinstance(exc, ConnectionRefusedError):
         return NodeState.DOWN, f"connection refused by {where}"
     if isinstance(exc, socket.gaierror):
-        return NodeState.DOWN, f"unknown host {peer.node.host}: {exc.strerror}"
+        host = peer.endpoint.host if peer.endpoint is not None else peer.node.host
+        return NodeState.DOWN, f"unknown host {host}: {exc.strerror}"
     if isinstance(exc, (socket.timeout, TimeoutError)):
         return NodeState.DOWN, f"connect to {where} timed out"
     if isinstance(exc, paramiko.SSHException) and (
