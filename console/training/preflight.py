@@ -445,7 +445,8 @@ def _interface_checks(target: Target, names: list[str], up: Mapping[str, dict]) 
         interfaces = facts.get("interfaces") or {}
         master_ip = (facts.get("master_resolves") or [target.master_addr])[0]
         dev = route.get("dev")
-        if route.get("local") or dev == "lo":
+        local = bool(route.get("local") or dev == "lo")
+        if local:
             # the master itself, or nodes sharing one network stack (a loopback cluster); a
             # worker that reaches itself instead is the master port check's "wrong address"
             holding = [i for i, addrs in interfaces.items() if master_ip in addrs and i != "lo"]
@@ -466,6 +467,9 @@ def _interface_checks(target: Target, names: list[str], up: Mapping[str, dict]) 
             if not chosen:
                 problems.append(f"{var}={spec} selects no interface of {name} (it has "
                                 f"{', '.join(sorted(interfaces))})")
+            elif dev not in chosen and local:
+                notes.append(f"{var}={spec} selects {', '.join(chosen)} (the master's address "
+                             f"is local here: no route to compare)")
             elif dev not in chosen:
                 problems.append(f"{var}={spec} selects {', '.join(chosen)}, but the route to "
                                 f"the master goes through {dev}")
