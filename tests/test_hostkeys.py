@@ -120,3 +120,116 @@ def test_system_files_are_read_only_and_trusted(loopback, tmp_path) -> None:
     assert fingerprint(keys["ssh-ed25519"]) == openssh_fingerprint(host_pub(loopback, 1))
     assert store.known(node.address) == {}  # [host]:port and host are different entries
     assert not own.exists()
+
+
+def pub_line(lb: LoopbackCluster, i: int) -> str:
+    """``ssh-ed25519 AAAA...`` of node i's current host key."""
+    return " ".join(host_pub(lb, i).read_text().split()[:2])
+
+
+def test_known_hosts_written_by_openssh_is_accepted(loopback, tmp_path) -> None:
+    """ssh itself records node1 (hashed) and node2 (plain) on first use; svconsole, strict, trusts
+    exactly those and refuses the node ssh never saw."""
+    own = tmp_path / "written_by_ssh"
+    for i, hashed in ((1, "yes"), (2, "no")):
+        argv = loopback.ssh_argv(i, "true")
+        argv[argv.index(f"UserKnownHostsFile={loopback.known_hosts}")] = f"UserKnownHostsFile={own}"
+        argv[argv.index("StrictHostKeyChecking=yes")] = "StrictHostKeyChecking=accept-new"
+        argv[1:1] = ["-o", f"HashKnownHosts={hashed}"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+    text = own.read_text()
+    assert text.count("|1|") == 1 and f"[127.0.1.3]:{loopback.port}" in text
+    with Pool(cluster_of(loopback, own, "strict")) as pool:
+        results = pool.run_all("true", nodes=["node1", "node2", "node3"])
+    assert results["node1"].ok and results["node2"].ok, results
+    assert "unknown host key" in (results["node3"].error or "")
+    assert own.read_text() == text
+
+
+def test_host_key_alias_is_the_name_both_ways(loopback, tmp_path) -> None:
+    """With HostKeyAlias, svconsole records the key under the alias, and ssh -o
+    StrictHostKeyChecking=yes with the same config accepts what svconsole recorded."""
+    node = loopback.node(1)
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host gpu-one\n    HostName {node.address}\n    Port {node.port}\n"
+                      f"    HostKeyAlias gpu-one-key\n    User {loopback.user}\n"
+                      f"    IdentityFile {loopback.identity_file}\n")
+    own = tmp_path / "known_hosts"
+    yaml = tmp_path / "cluster.yaml"
+    yaml.write_text(f"ssh:\n  config_file: {config}\n  known_hosts: {own}\n"
+                    "nodes:\n  - name: one\n    host: gpu-one\n")
+    with Pool(load_cluster(yaml)) as pool:
+        assert pool.run("one", "true").ok
+    found = subprocess.run(["ssh-keygen", "-F", "gpu-one-key", "-f", str(own)],
+                           capture_output=True, text=True, timeout=10)
+    assert found.returncode == 0 and pub_line(loopback, 1).split()[1] in found.stdout
+    done = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes",
+                           "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={own}",
+                           "-o", "GlobalKnownHostsFile=/dev/null", "gpu-one", "echo alias-ok"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.stdout == "alias-ok\n", done.stderr
+
+
+def test_revoked_key_is_refused_with_its_line(loopback, tmp_path) -> None:
+    name = host_id(loopback.node(1).address, loopback.port)
+    for policy in ("accept-new", "strict"):
+        own = tmp_path / f"revoked-{policy}"
+        own.write_text(f"# ours\n{name} {pub_line(loopback, 1)}\n@revoked * {pub_line(loopback, 1)}\n")
+        before = own.read_text()
+        with Pool(cluster_of(loopback, own, policy)) as pool:
+            result = pool.run("node1", "true")
+            status = pool.status("node1")
+        assert status.state == NodeState.HOSTKEY_CHANGED, status
+        assert f"host key for {name} is revoked" in status.reason
+        assert f"@revoked in {own}:3" in status.reason and result.error == status.reason
+        assert own.read_text() == before  # never recorded as new
+    only = tmp_path / "only-revoked"
+    only.write_text(f"@revoked {name} {pub_line(loopback, 1)}\n")
+    with Pool(cluster_of(loopback, only, "accept-new")) as pool:
+        assert f"@revoked in {only}:1" in (pool.run("node1", "true").error or "")
+    assert only.read_text().count("\n") == 1
+
+
+def test_cert_authority_lines_are_not_taken_for_host_keys(loopback, tmp_path) -> None:
+    """A CA key (same key type as the host's) neither counts as the host's known key (which would
+    read as "host key changed") nor trusts the host by itself."""
+    ca = pub_line(loopback, 3)  # any other ed25519 key
+    name = host_id(loopback.node(1).address, loopback.port)
+    both = tmp_path / "with-ca"
+    both.write_text(f"@cert-authority * {ca}\n{name} {pub_line(loopback, 1)}\n")
+    with Pool(cluster_of(loopback, both, "strict")) as pool:
+        assert pool.run("node1", "true").ok
+    alone = tmp_path / "ca-only"
+    alone.write_text(f"@cert-authority *.example.org,{name} {ca}\n")
+    with Pool(cluster_of(loopback, alone, "strict")) as pool:
+        pool.run("node1", "true")
+        assert pool.status("node1").state == NodeState.HOSTKEY_UNKNOWN
+
+
+def test_relative_paths_are_taken_from_the_cluster_yaml_directory(loopback, tmp_path,
+                                                                 monkeypatch) -> None:
+    """known_hosts and identity_file written relative in cluster.yaml: started from another
+    directory, svconsole uses the same files, so accept-new's first-use trust is kept."""
+    home = tmp_path / "cluster"
+    home.mkdir()
+    key = home / "keys" / "id"
+    key.parent.mkdir()
+    key.write_bytes(loopback.identity_file.read_bytes())
+    key.chmod(0o600)
+    node = loopback.node(1)
+    (home / "cluster.yaml").write_text(
+        f"ssh:\n  user: {loopback.user}\n  port: {node.port}\n  identity_file: keys/id\n"
+        "  known_hosts: state/known_hosts\n  host_key_policy: accept-new\n"
+        f"  use_ssh_config: false\nnodes:\n  - name: one\n    host: {node.address}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with Pool(load_cluster(home / "cluster.yaml")) as pool:
+        assert pool.run("one", "true").ok
+    recorded = (home / "state" / "known_hosts").read_text()
+    assert recorded.count("\n") == 1 and not (elsewhere / "state").exists()
+    monkeypatch.chdir(tmp_path)  # again from yet another directory: the same trust, nothing new
+    with Pool(load_cluster(home / "cluster.yaml")) as pool:
+        assert pool.run("one", "true").ok
+    assert (home / "state" / "known_hosts").read_text() == recorded
