@@ -8,31 +8,45 @@
   is written mode 0600 on the node and in the local index; names like ``*TOKEN*`` are shown as
   ``********`` in the plan (CLI and TUI text), the JSON output and the setup logs, while the
   training itself gets the real value.
+- Every value that reaches a remote shell is quoted: ONE test runs every command builder (the
+  setup steps' check/apply/verify and gather, every measurement, the launch's inspection, the
+  launch, follow and stop) with hostile values in cluster.yaml, the setup options and the run
+  (``$(touch X)``, backticks, ``;``, quotes, spaces) against real sshd, and X never appears;
+  programs that would change this machine (apt-get, exportfs, mount, sysctl, ssh...) are
+  replaced on the nodes' PATH by a recorder, which also proves each value arrived as one
+  argument. What cannot be quoted safely (a newline, a blank in shared_dir, a driver branch that
+  becomes a package name, an NCCL level, a node name) is refused when loaded, with its place.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import shlex
 import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from console.bringup import Runner, SetupOptions, StepState
+from console.bringup.catalog import STEPS as CATALOG_STEPS
 from console.bringup.measure import MEASUREMENTS, node_script
-from console.bringup.model import Command, Phase, Step
-from console.cluster.model import load_cluster
+from console.bringup.model import Command, Phase, Step, StepContext
+from console.cli import main
+from console.cluster.model import ClusterConfigError, load_cluster, parse_cluster
 from console.cluster.redact import REDACTED, redact, redact_env, redact_text
 from console.ssh.pool import Pool
 from console.ssh.remote import script_path
 from console.training import runs
-from console.training.launch import LaunchPlan, NodePlan, Preparation, launch
-from console.training.profile import default_profile
+from console.training.follow import read_run
+from console.training.launch import LaunchPlan, NodePlan, Preparation, inspect_nodes, launch
+from console.training.profile import ProfileError, default_profile, parse_profile
 
 
 class Recorder:
@@ -208,3 +222,172 @@ def test_setup_logs_hide_secret_assignments(pool, tmp_path) -> None:
     log = Path(summary.cell("print-env", "node2").log).read_text()
     assert f"HF_TOKEN={REDACTED}" in log and "done" in log
     assert TOKEN not in log and not any(TOKEN in line for line in seen)
+
+
+# ------------------------------------------------------------------------------ hostile values
+
+RECORDER = """#!/bin/sh
+# stands in for a program that would change this machine: records its arguments, one per line
+{{ echo "== $(basename "$0")"; for a in "$@"; do printf '%s\\n' "$a"; done; }} >> {log}
+exit 0
+"""
+CHANGES_THE_MACHINE = ("apt-get", "dpkg-query", "exportfs", "mount", "mountpoint", "findmnt",
+                       "sysctl", "groupadd", "chgrp", "ssh", "nvidia-smi")
+
+
+def hostile(name: str, *, blanks: bool = True) -> str:
+    """A value that runs ``touch`` of ``$SV_MARK`` (set on the nodes to the marker's path) and
+    of ``name`` in the shell's directory if any shell ever takes it for code; without
+    ``blanks`` it has no blanks or quotes. No slash: a directory made of it is one directory."""
+    if not blanks:
+        return f"$(touch${{IFS}}{name})`touch${{IFS}}$SV_MARK`;touch${{IFS}}$SV_MARK&"
+    return f"x $(touch {name}) `touch \"$SV_MARK\"`; touch \"$SV_MARK\" && echo \"'q'\" ' \\"
+
+
+def python_at(path: Path) -> str:
+    """A working interpreter at a hostile path (a wrapper of this test's Python)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_every_command_builder_quotes_hostile_values(loopback, tmp_path) -> None:
+    marker = tmp_path / f"PWNED{secrets.token_hex(4)}"
+    bad, bad_word = hostile(marker.name), hostile(marker.name, blanks=False)
+    home_marker = Path.home() / marker.name
+    stubs, recorded = tmp_path / "stubs", tmp_path / "recorded.txt"
+    stubs.mkdir()
+    for program in CHANGES_THE_MACHINE:
+        (stubs / program).write_text(RECORDER.format(log=shlex.quote(str(recorded))))
+        (stubs / program).chmod(0o755)
+    env = {"PATH": f"{stubs}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "SV_MARK": str(marker)}
+
+    # cluster.yaml with hostile values wherever the loader lets them through
+    base = tmp_path / f"base {bad}"
+    shared = tmp_path / f"shared{bad_word}"
+    shared.mkdir()
+    text = loopback.cluster_yaml.read_text()
+    text = text.replace("  name: loopback\n", f"  name: {json.dumps('lb ' + bad)}\n")
+    text = text.replace(f"  shared_dir: {loopback.shared_dir}\n", f"  shared_dir: {json.dumps(str(shared))}\n")
+    python = python_at(base / "py" / "bin" / "python")
+    text = "".join(f"  python: {json.dumps(python)}\n" if line.startswith("  python:") else line
+                   + "\n" for line in text.splitlines())
+    hostile_yaml = tmp_path / "cluster.yaml"
+    hostile_yaml.write_text(text)
+    cluster = load_cluster(hostile_yaml)
+    assert cluster.shared_dir == str(shared) and cluster.python == python
+    nodes = ["node0", "node1", "node2"]  # node2 prints a banner
+    options = SetupOptions(
+        env_path=f"{base}/env/{{node}}", base_python=python, venv_with_pip=False,
+        profile="test", find_links=f"{base}/wheels", no_index=True, conda=f"{base}/conda",
+        ssh_dir=f"{base}/ssh/{{node}}", exports_file=f"{base}/etc/exports",
+        fstab_file=f"{base}/etc/fstab", sysctl_file=f"{base}/etc/sysctl.d/90.conf",
+        latency_count=20, bench_mb=1, bench_iters=1, iperf_seconds=1, burnin_seconds=0.1,
+        burnin_size=64, storage_mb=1)
+    ran: list[str] = []
+
+    with Pool(cluster) as pool:
+        def run(node: str, command: Command) -> str:
+            ran.append(command.text)
+            result = pool.run(node, command.text, stdin=command.stdin or "", env=env, timeout=120)
+            assert result.error is None, (command.text, result.error)
+            return result.stdout
+
+        # every setup step: gather, check, apply, verify, on each of its nodes
+        for step in CATALOG_STEPS:
+            if step.measure is not None:
+                continue
+            gathered: dict[str, str] = {}
+            if step.gather is not None:
+                for name in nodes:
+                    ctx = StepContext(cluster, cluster.node(name), options)
+                    gathered[name] = "".join(run(name, c) for c in step.gather(ctx))
+            for name in [n for n in step.nodes(cluster) if n in nodes]:
+                ctx = StepContext(cluster, cluster.node(name), options, gathered)
+                for build in (step.check, step.apply, step.verify):
+                    for command in build(ctx):
+                        run(name, command)
+        exports = Path(options.exports_file).read_text()
+        assert f"{shared} 127.0.1.2(rw,sync,no_subtree_check)" in exports  # the whole path
+        args = recorded.read_text().split("\n")
+        assert options.sysctl_file in args  # each value reached its program as one argument
+        assert str(shared) in args and "nvidia-driver-550-server" in args
+        assert (Path(options.ssh_dir.replace("{node}", "node1")) / "id_ed25519.pub").exists()
+
+        # every measurement, through the runner
+        steps = [s for s in MEASUREMENTS.values()]
+        summary = Runner(pool, cluster, steps, state_dir=tmp_path / "state", options=options,
+                         nodes=nodes).run()
+        failed = [(c.step, c.node, c.detail) for c in summary.cells
+                  if c.state == StepState.FAILED and c.step != "iperf3"]
+        assert not failed, failed
+
+        # the launch: the nodes inspected, a run started, followed and stopped
+        out = f"{base}/out"
+        profile = default_profile().replace("output_dir", out)
+        profile = profile.replace("train_data_set_list", f"{base}/train.jsonl")
+        infos = inspect_nodes(pool, profile, cluster.master_port)
+        assert all(i.error is None for i in infos.values()), infos
+        program = "import sys, time; print('argument', sys.argv[1], flush=True); time.sleep(60)"
+        plans = [NodePlan(n, cluster.node(n).host, rank, 1, [python, "-c", program, bad],
+                          {"HOSTILE": bad, "PYTHONUNBUFFERED": "1"}, out, f"{out}/logs/{n}.log")
+                 for rank, n in enumerate(nodes[:2])]
+        plan = LaunchPlan(runs.new_run_id(), cluster.name, "node0", plans[0].host, 1, out,
+                          "train_ds", [], plans)
+        record = launch(pool, Preparation(infos, plan, [], profile), tmp_path / "state")
+        try:
+            log = Path(f"{out}/logs/node1.log")
+            deadline = time.monotonic() + 60
+            while f"argument {bad}" not in (log.read_text() if log.exists() else ""):
+                assert time.monotonic() < deadline, "the run never printed its argument"
+                time.sleep(0.2)
+            lines = [e.text for _node, e in read_run(pool, record)]
+            assert f"argument {bad}" in lines
+            assert runs.run_status(pool, record).state == "running"
+        finally:
+            stopped = runs.stop_run(pool, record, grace=5)
+        assert set(stopped) == {"node0", "node1"}
+        assert runs.run_status(pool, record).state != "running"
+
+    assert len(ran) > 60
+    assert not marker.exists() and not home_marker.exists(), "a hostile value was run"
+    assert not list(tmp_path.rglob(marker.name)) and not list(Path.home().glob(marker.name))
+
+
+def test_values_that_cannot_be_quoted_safely_are_refused_at_load_time(tmp_path, capsys) -> None:
+    def issues(**cluster: str) -> str:
+        conf = {"name": "t", "shared_dir": "/data", "master": "a", **cluster}
+        body = "".join(f"  {k}: {json.dumps(v)}\n" for k, v in conf.items())
+        text = f"cluster:\n{body}nodes:\n  - name: a\n    host: 10.0.0.1\n"
+        with pytest.raises(ClusterConfigError) as err:
+            parse_cluster(text)
+        return str(err.value)
+
+    assert "cluster.yaml:3:15: cluster.shared_dir: must be a path without blanks" in \
+        issues(shared_dir="/data/my share")  # /etc/exports would have exported /data/my
+    assert "cluster.shared_dir: must be one line" in issues(shared_dir="/data\n/x")
+    assert "cluster.python: must be one line" in issues(python="/opt/py\n$(touch X)")
+    with pytest.raises(ClusterConfigError) as err:
+        parse_cluster("cluster:\n  name: t\n  shared_dir: /d\n  master: a\nnodes:\n"
+                      "  - name: a\n    host: 10.0.0.1\n  - name: '$(touch X)'\n    host: b\n"
+                      "  - name: c\n    host: 'h;touch X'\n")
+    assert "cluster.yaml:8:11: nodes[1].name: must be letters, digits" in str(err.value)
+    assert "cluster.yaml:11:11: nodes[2].host: must be a host name" in str(err.value)
+    with pytest.raises(ProfileError) as perr:
+        parse_profile('output_dir: "/out\\n$(touch X)"\nextra:\n  "a b=c": 1\n', "training.yaml")
+    assert "training.yaml:1: output_dir: must be one line" in str(perr.value)
+    assert "training.yaml:3: extra.a b=c: the override key 'a b=c' is not letters" \
+        in str(perr.value)
+    with pytest.raises(ValueError) as oerr:
+        SetupOptions(driver="550'; touch X; '", nccl_debug="$(touch X)", export_options="rw sync")
+    for field_name in ("driver:", "nccl_debug:", "export_options:"):
+        assert field_name in str(oerr.value)
+    path = tmp_path / "cluster.yaml"
+    path.write_text("cluster:\n  name: t\n  shared_dir: /d\n  master: a\nnodes:\n"
+                    "  - name: a\n    local: true\n")
+    assert main(["--config", str(path), "setup", "--dry-run", "--driver", "550'; touch X"]) == 2
+    assert "driver: \"550'; touch X\" is not a driver branch" in capsys.readouterr().err
+    assert main(["--config", str(path), "launch", "--dry-run", "--env", "A B=1"]) == 2
+    assert "--env 'A B': a variable name is letters" in capsys.readouterr().err

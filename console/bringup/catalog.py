@@ -111,9 +111,9 @@ def _driver_verify(ctx: StepContext) -> list[Command]:
     return [Command(
         "if nvidia-smi -L; then exit 0; fi; "
         f"if {dpkg_installed(package)}; then "
-        f"echo '{package} is installed but its kernel module is not loaded: reboot the node'; "
+        f"echo {q(package + ' is installed but its kernel module is not loaded: reboot the node')}; "
         f"exit {EXIT_NEEDS_REBOOT}; fi; "
-        f"echo '{package} is not installed'; exit 1"
+        f"echo {q(package + ' is not installed')}; exit 1"
     )]
 
 
@@ -185,6 +185,16 @@ def _packages_changes(cluster: Cluster, options: SetupOptions) -> str:
 # --------------------------------------------------------------------------------- NFS
 
 
+def nfs_path(cluster: Cluster) -> str:
+    """shared_dir as a field of /etc/exports and /etc/fstab, which split lines at blanks and take
+    ``#`` for a comment: such a path is refused (the loader refuses it too), never half-written."""
+    shared = cluster.shared_dir
+    if re.search(r"[\s#\"'\\]", shared) or any(ord(c) < 32 for c in shared):
+        raise ValueError(f"shared_dir {shared!r}: /etc/exports and /etc/fstab cannot hold a path "
+                         f"with blanks, quotes, '#' or backslashes")
+    return shared
+
+
 def nfs_clients(cluster: Cluster) -> list[str]:
     """The export's clients: every other node's address (never a wildcard)."""
     head = head_node(cluster)
@@ -200,7 +210,7 @@ def nfs_clients(cluster: Cluster) -> list[str]:
 
 def exports_block(cluster: Cluster, options: SetupOptions) -> str:
     """The lines svconsole keeps in /etc/exports: one per client node."""
-    return "\n".join(f"{cluster.shared_dir} {c}({options.export_options})"
+    return "\n".join(f"{nfs_path(cluster)} {c}({options.export_options})"
                      for c in nfs_clients(cluster))
 
 
@@ -249,7 +259,7 @@ def _nfs_server_changes(cluster: Cluster, options: SetupOptions) -> str:
 
 
 def fstab_line(cluster: Cluster, options: SetupOptions) -> str:
-    shared = cluster.shared_dir
+    shared = nfs_path(cluster)
     return f"{head_node(cluster).host}:{shared} {shared} nfs {options.mount_options} 0 0"
 
 
@@ -329,12 +339,11 @@ def _sysctl_verify(ctx: StepContext) -> list[Command]:
 
 
 def _nccl_command(ctx: StepContext, check: bool) -> Command:
-    lines = [
-        'export NCCL_SOCKET_IFNAME="$iface"',
-        'export GLOO_SOCKET_IFNAME="$iface"',
-        f"export NCCL_DEBUG={ctx.options.nccl_debug}",
-        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
-    ]
+    # The body: the node's own interface (found below, in $iface) in double quotes, everything
+    # from the options single-quoted for this shell and quoted again for the shell that sources
+    # the file, so no value is ever run by either.
+    fixed = "\n".join([f"export NCCL_DEBUG={q(ctx.options.nccl_debug)}",
+                       "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1"])
     master = q(ctx.cluster.master_node.host)
     detect = (
         f"addr=$(getent ahostsv4 {master} | awk 'NR==1{{print $1}}'); "
@@ -344,7 +353,9 @@ def _nccl_command(ctx: StepContext, check: bool) -> Command:
         'if [ -n "$hcas" ]; then '
         "ib=$(printf 'export NCCL_IB_DISABLE=0\\nexport NCCL_IB_HCA=%s' \"$hcas\"); "
         'else ib="export NCCL_IB_DISABLE=1"; fi; '
-        "body=\"# svconsole setup (nccl-env): source this before torchrun\n" + "\n".join(lines).replace('"', '\\"') + "\n$ib\"; "
+        "body=" + q("# svconsole setup (nccl-env): source this before torchrun\n")
+        + '"export NCCL_SOCKET_IFNAME=\\"$iface\\"\nexport GLOO_SOCKET_IFNAME=\\"$iface\\"\n"'
+        + q(fixed + "\n") + '"$ib"; '
     )
     path = nccl_env_file(ctx.cluster, ctx.node.name)
     tail = " --check" if check else ""

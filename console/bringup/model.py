@@ -12,8 +12,9 @@ Exit-code conventions of step commands:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -125,8 +126,55 @@ class SetupOptions:
     slow_gpu_ratio: float = 0.8
     """A GPU below this fraction of its peers' median TFLOP/s is flagged."""
 
+    def __post_init__(self) -> None:
+        problems = [f"{name}: {why}" for name, why in option_problems(self)]
+        if problems:
+            raise ValueError("setup options: " + "; ".join(problems))
+
     def expand(self, text: str, node: Node) -> str:
         return text.replace("{node}", node.name)
+
+
+_PACKAGE_PART = re.compile(r"[a-z0-9][a-z0-9+.-]*")
+_GROUP = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+_MOUNT_OPTIONS = re.compile(r"[A-Za-z0-9_.,=:@/+-]+")
+_VERSION = re.compile(r"[0-9]+(\.[0-9]+){0,2}")
+NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
+_NUMBERS = ("socket_buffer_max", "latency_count", "bench_mb", "bench_iters", "iperf_seconds",
+            "burnin_seconds", "burnin_size", "storage_mb", "slow_gpu_ratio")
+
+
+def option_problems(options: SetupOptions) -> list[tuple[str, str]]:
+    """(field, why) for each option that cannot go safely into a node's shell or config files:
+    the values that are not shell-quoted everywhere they go (a package name inside a message,
+    a line of /etc/exports or /etc/fstab, the NCCL env file that torchrun's shell sources) must
+    be plain words; paths must be one line."""
+    problems = []
+    if not _PACKAGE_PART.fullmatch(options.driver):
+        problems.append(("driver", f"{options.driver!r} is not a driver branch (like 550 or "
+                                   f"570-open: it becomes nvidia-driver-<driver>-server)"))
+    if options.nccl_debug not in NCCL_DEBUG_LEVELS:
+        problems.append(("nccl_debug", f"{options.nccl_debug!r} is not one of "
+                                       f"{', '.join(NCCL_DEBUG_LEVELS)}"))
+    if not _GROUP.fullmatch(options.shared_group):
+        problems.append(("shared_group", f"{options.shared_group!r} is not a group name"))
+    for name in ("export_options", "mount_options"):
+        value = getattr(options, name)
+        if not _MOUNT_OPTIONS.fullmatch(value):
+            problems.append((name, f"{value!r}: options are letters, digits and , = : . _ @ "
+                                   f"/ + - without spaces (one field of a line in the file)"))
+    if not _VERSION.fullmatch(options.python_version):
+        problems.append(("python_version", f"{options.python_version!r} is not a version"))
+    if options.env_kind not in ("venv", "conda"):
+        problems.append(("env_kind", f"{options.env_kind!r} is not venv or conda"))
+    for f in fields(options):
+        value = getattr(options, f.name)
+        if isinstance(value, str) and any(ord(c) < 32 or ord(c) == 127 for c in value):
+            problems.append((f.name, f"{value!r} holds a newline or another control character"))
+        if f.name in _NUMBERS and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                   or not value > 0):
+            problems.append((f.name, f"must be a number above 0, got {value!r}"))
+    return problems
 
 
 @dataclass(frozen=True)

@@ -334,10 +334,21 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
     return check
 
 
-def _shared_dir(value: Any) -> str:
+def _one_line(value: Any) -> str:
+    """A string (a path, a name) that goes to the nodes: one line, no control characters."""
     text = _string(value)
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise _Invalid(f"must be one line without control characters, got {_describe(text)}")
+    return text
+
+
+def _shared_dir(value: Any) -> str:
+    text = _one_line(value)
     if not (text.startswith("/") or text.startswith("~")):
         raise _Invalid(f"must be an absolute path (or start with ~), got {_describe(text)}")
+    if re.search(r"[\s#\"'\\]", text):
+        raise _Invalid(f"must be a path without blanks, quotes, '#' or backslashes (it is one "
+                       f"field of /etc/exports and /etc/fstab), got {_describe(text)}")
     return text
 
 
@@ -423,17 +434,17 @@ class _Field:
 
 
 _CLUSTER_FIELDS = {
-    "name": _Field(_string),
+    "name": _Field(_one_line),
     "shared_dir": _Field(_shared_dir),
     "master": _Field(_node_name),
     "master_port": _Field(_port),
-    "python": _Field(_string),
+    "python": _Field(_one_line),
 }
 _SSH_FIELDS = {
     "user": _Field(_user),
     "port": _Field(_port),
-    "identity_file": _Field(_string),
-    "known_hosts": _Field(_string),
+    "identity_file": _Field(_one_line),
+    "known_hosts": _Field(_one_line),
     "host_key_policy": _Field(_choice("accept-new", "strict")),
     "jump_host": _Field(_jump_host),
     "connect_timeout": _Field(_seconds),
@@ -446,7 +457,7 @@ _NODE_FIELDS = {
     "host": _Field(_host),  # required unless the node is local
     "port": _Field(_port),
     "user": _Field(_user),
-    "identity_file": _Field(_string),
+    "identity_file": _Field(_one_line),
     "role": _Field(_choice("head", "worker")),
     "gpus": _Field(_gpus),
     "local": _Field(_boolean),

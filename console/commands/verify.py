@@ -45,10 +45,10 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
     unknown = [i for i in ids if i not in known]
     if unknown:
         return usage(f"unknown measurement(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    options = SetupOptions(bench_mb=args.bench_mb, bench_iters=args.bench_iters,
-                           latency_count=args.latency_count, iperf_seconds=args.iperf_seconds,
-                           burnin_seconds=args.burnin_seconds, storage_mb=args.storage_mb)
     try:
+        options = SetupOptions(bench_mb=args.bench_mb, bench_iters=args.bench_iters,
+                               latency_count=args.latency_count, iperf_seconds=args.iperf_seconds,
+                               burnin_seconds=args.burnin_seconds, storage_mb=args.storage_mb)
         runner = Runner(ctx.pool, ctx.cluster, [known[i] for i in ids], state_dir=ctx.state_dir,
                         options=options, nodes=split(args.nodes), parallel=args.parallel)
     except ValueError as exc:

@@ -371,6 +371,11 @@ def _section(cls: type, value: Any, name: str, src: _Source, issues: list[Config
     return cls(**kwargs)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+"""A newline or another control character: never in a value that goes to the nodes."""
+_OVERRIDE_KEY = re.compile(r"[A-Za-z0-9_.+-]+")
+
+
 def _typed(value: Any, kind: str, key: str, src: _Source, issues: list[ConfigIssue]) -> Any:
     """Check one value against its annotation (``int``, ``float``, ``bool`` or ``str``)."""
     problem = None
@@ -384,6 +389,8 @@ def _typed(value: Any, kind: str, key: str, src: _Source, issues: list[ConfigIss
         problem = f"must be a number, got {value!r}"
     elif kind == "str" and not isinstance(value, str):
         problem = f"must be a string, got {value!r} (put it in quotes)"
+    elif kind == "str" and _CONTROL.search(value):
+        problem = f"must be one line without control characters, got {value!r}"
     elif kind == "int" and value < 1 and key != "dataset_conf.num_workers":
         problem = f"must be at least 1, got {value}"
     elif key == "dataset_conf.num_workers" and value < 0:
@@ -406,6 +413,13 @@ def _extra(value: Any, src: _Source, issues: list[ConfigIssue]) -> dict[str, Sca
     for key, item in value.items():
         if not isinstance(item, (str, int, float, bool)):
             issues.append(src.issue(f"extra.{key}", "must be a single value"))
+        elif not _OVERRIDE_KEY.fullmatch(str(key)):
+            issues.append(src.issue(f"extra.{key}", f"the override key {str(key)!r:.60} is "
+                                    f"not letters, digits, '.', '_', '-' or '+' (no blanks, "
+                                    f"'=' or control characters)"))
+        elif isinstance(item, str) and _CONTROL.search(item):
+            issues.append(src.issue(f"extra.{key}", f"must be one line without control "
+                                    f"characters, got {item!r}"))
         else:
             out[str(key)] = item
     return out
