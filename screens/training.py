@@ -153,7 +153,7 @@ class LaunchRequest:
 
 
 def plan_text(plan: LaunchPlan | None, checks: list | tuple = ()) -> Text:
-    """The plan in full, then every pre-flight check (ok or FAIL, with its message)."""
+    """The plan in full, then every pre-flight check (ok, warn or FAIL, with its message)."""
     out = Text()
     if plan is not None:
         out.append("PLAN\n", style="bold")
@@ -161,7 +161,9 @@ def plan_text(plan: LaunchPlan | None, checks: list | tuple = ()) -> Text:
     if checks:
         out.append("PRE-FLIGHT\n", style="bold")
         for c in checks:
-            out.append("  ok   " if c.ok else "  FAIL ", style="green" if c.ok else "bold red")
+            mark, style = (("  FAIL ", "bold red") if not c.ok else ("  warn ", "yellow")
+                           if c.warning else ("  ok   ", "green"))
+            out.append(mark, style=style)
             where = f"{c.node}: " if c.node else ""
             out.append(f"{c.name}: {where}{c.message}\n")
     out.rstrip()

@@ -198,3 +198,14 @@ def test_ifname_matches_follows_nccl_and_gloo_syntax() -> None:
     assert ifname_matches("^docker,lo", names, nccl=True) == ["eth0", "eth1", "ib0"]
     assert ifname_matches("eth", names, nccl=False) == []
     assert ifname_matches("eth1,ib0", names, nccl=False) == ["eth1", "ib0"]
+
+
+def test_launch_dialog_text_marks_warnings() -> None:
+    from console.training.launch import Check
+    from screens.training import plan_text
+
+    text = plan_text(None, [Check("hostname", True, "vm resolves to 127.0.0.1", "n1",
+                                  warning=True), Check("peer ports", False, "dropped", "n2"),
+                            Check("interface", True, "eth0", "n1")]).plain
+    assert text.splitlines()[1:] == ["  warn hostname: n1: vm resolves to 127.0.0.1",
+                                     "  FAIL peer ports: n2: dropped", "  ok   interface: n1: eth0"]
