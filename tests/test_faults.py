@@ -15,10 +15,12 @@ import pytest
 from console.training.faults import (
     CATALOG,
     LossWatch,
+    ScanContext,
     Severity,
     config_incompatibilities,
     fault,
     grad_sync_verdict,
+    literal_prefix,
     low_gpu_util,
     match_line,
     scan_lines,
@@ -55,7 +57,16 @@ def test_catalog_is_data_and_complete() -> None:
     assert {"connection-reset", "connection-timeout", "nccl-watchdog-timeout", "cuda-oom",
             "host-oom-kill", "module-not-found", "deepspeed-batch-assertion",
             "bf16-dtype-mismatch", "fusedadam-jit-arch", "node-unreachable", "loss-divergence",
-            "stalled-rank", "slow-gradient-sync", "low-gpu-util"} <= set(ids)
+            "stalled-rank", "slow-gradient-sync", "low-gpu-util", "master-port-unreachable",
+            "peer-unreachable", "connection-refused", "port-in-use", "nccl-connect-failed",
+            "nccl-system-error", "nccl-internal-error", "nccl-remote-error",
+            "collective-mismatch", "unused-parameters", "checkpoint-world-size",
+            "resume-checkpoint-missing", "data-audio-missing", "data-fields-missing",
+            "data-empty", "dtype-mismatch", "loss-negative", "worker-exit",
+            "job-failed"} <= set(ids)
+    for f in CATALOG:
+        for other in f.supersedes:
+            fault(other)
     assert "bf16" in fault("cuda-oom").advice and "batch" in fault("cuda-oom").advice
     with pytest.raises(KeyError):
         fault("no-such-fault")
@@ -64,7 +75,13 @@ def test_catalog_is_data_and_complete() -> None:
 def test_real_bf16_dtype_failure() -> None:
     lines = lines_of("funasr-sensevoicesmall-zero1-bf16-dtype-failure.log")
     found = scan_lines(lines, node="gpu-node-1")
-    assert [f.id for f in found] == ["bf16-dtype-mismatch", "job-failed"]  # cause first
+    # the cause first; the worker's exit and Hydra's failure carry it as evidence
+    assert [(f.id, f.rank) for f in found] == [
+        ("bf16-dtype-mismatch", 0), ("worker-exit", 0), ("job-failed", None)]
+    cause = lines[134]
+    assert found[1].evidence[0] == found[2].evidence[0] == cause
+    assert "exit code 1" in found[1].detail and found[1].count == 2  # torchrun's line + summary
+    assert found[2].line_no == 35  # Hydra's line comes before the traceback it reports
     f = found[0]
     assert (f.node, f.rank, f.severity) == ("gpu-node-1", 0, Severity.ERROR)
     assert lines[f.line_no - 1] == f.evidence[0]
@@ -258,3 +275,263 @@ def test_low_gpu_util_not_flagged_when_busy_or_short() -> None:
     assert low_gpu_util([], []) is None
     with pytest.raises(ValueError):
         low_gpu_util([0.0, 1.0], [10.0])
+
+
+# --- faults as they really read (tests/fixtures/faults: see its README) ------------------------
+
+FAULT_LOGS = FIXTURES / "faults"
+#: The 3-node, 2-processes-per-node cluster the fixtures come from: node0 is the master.
+HOSTS = {"10.99.0.1": "node0", "10.99.0.2": "node1", "10.99.0.3": "node2"}
+
+
+def context(node: str = "node1", **kw: object) -> ScanContext:
+    offset = {"node0": 0, "node1": 2, "node2": 4}[node]
+    return ScanContext(node=node, rank_offset=offset, master_addr="10.99.0.1",
+                       master_port=29500, hosts=HOSTS, **kw)  # type: ignore[arg-type]
+
+
+#: fixture -> (node it was read on, extra context, [(fault id, rank, text in the detail)]).
+CASES: dict[str, tuple[str, dict, list[tuple[str, int | None, str]]]] = {
+    "host-oom-torchrun-sigkill.log": ("node1", {}, [
+        ("host-oom-kill", 3, "exit code -9 (SIGKILL"),
+        ("worker-exit", 2, "exit code -15 (SIGTERM"),  # stopped by torchrun: the OOM is the cause
+        ("job-failed", None, "cause: E1201 09:14:02.532000")]),
+    "host-oom-dataloader.log": ("node0", {}, [
+        ("host-oom-kill", 1, "DataLoader worker killed by signal Killed"),
+        ("worker-exit", 1, "cause: [rank1]: RuntimeError: DataLoader worker (pid 4711) is killed")]),
+    "host-oom-errno12.log": ("node0", {}, [
+        ("host-oom-kill", 0, "errno 12"), ("host-oom-kill", 1, "errno 12")]),
+    "host-oom-deepspeed-launcher.log": ("node2", {}, [
+        ("host-oom-kill", 5, "exit code -9")]),  # --local_rank=1 on node2 (ranks 4, 5)
+    "port-in-use.log": ("node0", {}, [("port-in-use", None, "port 29500 (the master port)")]),
+    "connect-timeout-master.log": ("node2", {}, [
+        ("master-port-unreachable", None, "10.99.0.1:29500 (node0) is the master port")]),
+    "connect-timeout-peer-gloo.log": ("node2", {}, [
+        ("peer-unreachable", 4, "10.99.0.2:41733 (node1) is a peer, not the master port")]),
+    "connect-refused-peer-on-master.log": ("node1", {}, [
+        ("peer-unreachable", 3, "10.99.0.1:38211 (node0) is a port on the master node other "
+                                "than master_port 29500")]),
+    "connection-reset.log": ("node0", {}, [
+        ("connection-reset", 1, "10.99.0.3:24817 (node2) is a peer"),
+        ("connection-reset", 0, "")]),
+    "nccl-system-error.log": ("node1", {}, [
+        ("nccl-connect-failed", 3, "10.99.0.3:43617 (node2) is a peer"),
+        ("nccl-system-error", 3, "")]),
+    "nccl-internal-remote.log": ("node0", {}, [
+        ("nccl-internal-error", 0, ""), ("nccl-remote-error", 5, "")]),
+    "collective-heartbeat-abort.log": ("node0", {}, [
+        ("nccl-watchdog-timeout", 1, ""),
+        ("worker-exit", 1, "exit code -6 (SIGABRT: the NCCL watchdog aborts")]),
+    "collective-gloo-timeout-mismatch.log": ("node0", {}, [
+        ("nccl-watchdog-timeout", 2, ""), ("collective-mismatch", 1, ""),
+        ("unused-parameters", 0, "")]),
+    "checkpoints.log": ("node0", {"resuming": True}, [
+        ("checkpoint-world-size", 0, "saved with 4 data-parallel ranks, now 6"),
+        ("resume-checkpoint-missing", 2, "no checkpoint at /data/shared/outputs/run1/model.pt")]),
+    "data-empty.log": ("node0", {}, [
+        ("data-empty", None, "0 samples in /data/shared/data/train.jsonl"), ("data-empty", 0, "")]),
+    "data-fields-missing.log": ("node0", {}, [
+        ("data-fields-missing", 1, "field 'target' missing")]),
+    "data-audio-missing.log": ("node0", {}, [
+        ("data-audio-missing", None, "missing: /data/shared/wav/utt0007.wav"),
+        ("data-audio-missing", 1, "missing: /data/shared/wav/utt0008.wav")]),
+    "worker-exits.log": ("node1", {}, [
+        ("worker-exit", 2, "cause: [rank2]: ZeroDivisionError: division by zero; exit code 1"),
+        ("worker-exit", 3, "exit code -11 (SIGSEGV)")]),  # a crash of its own: no other's cause
+    "hydra-cause-before.log": ("node0", {}, [
+        ("data-empty", None, ""),
+        ("job-failed", None, "cause: RuntimeError: stack expects a non-empty TensorList")]),
+}
+
+
+def test_every_fixture_has_a_case() -> None:
+    assert sorted(p.name for p in FAULT_LOGS.glob("*.log")) == sorted(CASES)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_faults_as_they_really_read(name: str) -> None:
+    node, extra, expected = CASES[name]
+    lines = (FAULT_LOGS / name).read_text(encoding="utf-8").splitlines()
+    found = scan_lines(lines, context=context(node, **extra))
+    assert [(f.id, f.rank) for f in found] == [(i, r) for i, r, _ in expected]
+    for f, (_, _, detail) in zip(found, expected, strict=True):
+        assert f.node == node and detail in f.detail, (f.id, f.detail)
+        assert f.evidence and all(e for e in f.evidence)
+        assert lines[f.line_no - 1] in " ".join(f.evidence) or f.evidence[0].startswith(
+            lines[f.line_no - 1])
+
+
+def test_the_same_logs_without_context_keep_what_the_text_says() -> None:
+    """No master address known: connect failures keep their neutral entries; the ranks the
+    text states itself (prefix, summary block, gloo's rank=) stay."""
+    found = scan_lines((FAULT_LOGS / "connect-timeout-peer-gloo.log").read_text().splitlines())
+    assert [(f.id, f.rank) for f in found] == [("connection-timeout", 4)]
+    assert "10.99.0.2:41733" in found[0].detail
+    found = scan_lines((FAULT_LOGS / "host-oom-torchrun-sigkill.log").read_text().splitlines())
+    assert [(f.id, f.rank) for f in found][:2] == [("host-oom-kill", 3), ("worker-exit", 2)]
+
+
+def test_connect_failure_never_blames_a_master_port_that_answered() -> None:
+    line = "[rank3]: TimeoutError: [Errno 110] Connection timed out"
+    neutral = scan_lines([line], context=context())
+    assert [(f.id, f.rank) for f in neutral] == [("connection-timeout", 3)]
+    assert "usually a firewall dropping the master port" not in neutral[0].fault.advice
+    assert "master port" in neutral[0].fault.advice and "beyond it" in neutral[0].fault.advice
+    reached = scan_lines([line], context=context(master_port_reachable=True))
+    assert [f.id for f in reached] == ["peer-unreachable"]
+    assert "master port answered" in reached[0].detail
+    # the issue's drill: only ssh and the master port open on node1: gloo's connect to it
+    gloo = (FAULT_LOGS / "connect-timeout-peer-gloo.log").read_text().splitlines()
+    found = scan_lines(gloo, context=context("node2", master_port_reachable=True))
+    assert [f.id for f in found] == ["peer-unreachable"]
+    assert "node1" in found[0].detail and "master-port" not in found[0].id
+
+
+def test_ranks_from_local_rank_and_prefixes() -> None:
+    ctx = context("node2")  # ranks 4 and 5
+    lines = ["[default1]: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+             "E1201 10:00:00.000000 1 torch/distributed/elastic/multiprocessing/api.py:984] "
+             "failed (exitcode: 3) local_rank: 0 (pid: 77) of binary: /opt/venv/bin/python",
+             "[rank7]:[E1201 10:11:12.000000 4321 ProcessGroupNCCL.cpp:632] [Rank 7] Watchdog "
+             "caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE)"]
+    found = scan_lines(lines, context=ctx)
+    assert sorted((f.id, f.rank) for f in found) == [
+        ("cuda-oom", 5), ("nccl-watchdog-timeout", 7), ("worker-exit", 4)]
+    assert all(f.node == "node2" for f in found)
+    # the caller's rank wins over the text's
+    assert [f.rank for f in scan_lines(lines[:1], rank=9, context=ctx)] == [9]
+
+
+@pytest.mark.parametrize("ops", ["bf16", "half", "long"])
+def test_dtype_mismatch_in_the_installed_torchs_words(ops: str) -> None:
+    """The messages PyTorch itself raises now, for every op of FunASR's forward that mixes
+    dtypes: matmul, linear, conv, scaled-dot-product attention, addmm, dot, a loss."""
+    torch = pytest.importorskip("torch")
+    other = {"bf16": torch.bfloat16, "half": torch.float16, "long": torch.int64}[ops]
+    a = torch.ones(2, 2)
+    b = torch.ones(2, 2, dtype=other)
+    attempts = [
+        lambda: torch.mm(a, b), lambda: torch.nn.functional.linear(a, b),
+        lambda: torch.addmm(a, a, b), lambda: torch.dot(a[0], b[0]),
+        lambda: torch.nn.functional.conv1d(torch.ones(1, 2, 4), torch.ones(2, 2, 1, dtype=other)),
+        lambda: torch.nn.functional.scaled_dot_product_attention(
+            torch.ones(1, 2, 2), torch.ones(1, 2, 2, dtype=other), torch.ones(1, 2, 2)),
+        lambda: torch.nn.functional.mse_loss(a.requires_grad_(), b).backward(),
+    ]
+    messages = []
+    for attempt in attempts:
+        try:
+            attempt()
+        except (RuntimeError, TypeError) as exc:
+            messages.append(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+    assert len(messages) >= 4, messages
+    for message in messages:
+        found = scan_lines([f"[rank3]: {message}"], context=context())
+        ids = [f.id for f in found]
+        assert len(found) == 1 and found[0].rank == 3, message
+        if ops == "bf16":
+            assert ids == ["bf16-dtype-mismatch"] and "bf16" in found[0].detail, message
+        elif ops == "half":
+            assert ids == ["dtype-mismatch"] and "fp16" in found[0].detail, message
+        else:
+            assert ids == ["dtype-mismatch"] and found[0].detail == "", message
+
+
+#: dtype wordings of CUDA kernels and older releases (torch's sources).
+CUDA_DTYPE_LINES = {
+    "expected mat1 and mat2 to have the same dtype, but got: float != c10::BFloat16": "bf16",
+    "Input type (CUDABFloat16Type) and weight type (torch.cuda.FloatTensor) should be the same":
+        "bf16",
+    "expected scalar type Half but found Float": "fp16",
+    "Expected query, key, and value to have the same dtype, but got query.dtype: c10::Half "
+    "key.dtype: float and value.dtype: float instead.": "fp16",
+    "Found dtype Float but expected Half": "fp16",
+    "Expected object of scalar type Float but got scalar type Half for argument #2 'mat2' in "
+    "call to _th_mm": "fp16",
+    "result type Float can't be cast to the desired output type Long": "",
+}
+
+
+@pytest.mark.parametrize("message", sorted(CUDA_DTYPE_LINES))
+def test_dtype_mismatch_other_wordings(message: str) -> None:
+    [f] = scan_lines([f"[rank2]: RuntimeError: {message}"])
+    precision = CUDA_DTYPE_LINES[message]
+    assert f.rank == 2 and f.id == ("bf16-dtype-mismatch" if precision == "bf16"
+                                    else "dtype-mismatch")
+    assert (precision in f.detail) if precision else f.detail == ""
+
+
+def test_assertion_wrapped_over_lines_is_joined() -> None:
+    """Rich tracebacks wrap a long message at the terminal's width; the parts are joined."""
+    config = pytest.importorskip("deepspeed.runtime.config")
+    with pytest.raises(AssertionError) as err:
+        config.DeepSpeedConfig({"train_batch_size": 6, "train_micro_batch_size_per_gpu": 4,
+                                "gradient_accumulation_steps": 1})
+    import textwrap
+    wrapped = textwrap.wrap(f"AssertionError: {err.value}", 48)
+    assert len(wrapped) >= 3 and not any(match_line(w) for w in wrapped)  # no part alone
+    lines = ["│ /opt/venv/lib/python3.11/site-packages/deepspeed/runtime/config.py:1000 in "
+             "_batch_assertion │", *(f"[rank1]: {w}" for w in wrapped),
+             "[rank1]: [W1201 10:00:00.000000 ProcessGroupNCCL.cpp:1575] Warning: destroy_process"]
+    found = scan_lines(lines, context=context())
+    assert [(f.id, f.rank, f.line_no) for f in found] == [("deepspeed-batch-assertion", 1, 2)]
+    assert "micro_batch_per_gpu * gradient_acc_step" in found[0].evidence[0]
+    # a generic failure after it carries the whole message as its cause
+    lines.append("E1201 10:00:01.000000 1 torch/distributed/elastic/multiprocessing/api.py:984] "
+                 "failed (exitcode: 1) local_rank: 1 (pid: 7) of binary: /opt/venv/bin/python")
+    exit_ = [f for f in scan_lines(lines, context=context("node0")) if f.id == "worker-exit"]
+    assert exit_[0].rank == 1 and "world_size 6 != 4 * 1 * 1" in exit_[0].evidence[0]
+
+
+def test_cause_that_comes_after_hydras_line_is_attached() -> None:
+    lines = ["Error executing job with overrides: ['++model=/m']",
+             "[rank0]: Traceback (most recent call last):",
+             '[rank0]:   File "/opt/venv/lib/python3.11/site-packages/funasr/bin/train_ds.py", '
+             "line 225, in main",
+             "[rank0]: RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is "
+             "running collective: CollectiveFingerPrint(OpType=ALLREDUCE)"]
+    found = scan_lines(lines)
+    assert [(f.id, f.rank) for f in found] == [("collective-mismatch", 0), ("job-failed", None)]
+    assert found[1].evidence == (lines[3], lines[0]) and found[1].line_no == 1
+
+
+@pytest.mark.parametrize("prefix", ["[2026-11-30 01:00:00,000][root][INFO] - ", "", "INFO] - ",
+                                    "[rank1]:", "[default1]: "])
+def test_negative_and_non_finite_loss_with_rank_and_step(prefix: str) -> None:
+    base = ("train, rank: 1, epoch: 0/3, data_slice: 0/1, step_in_slice: 5/30, "
+            "step_in_epoch: {s}, total step: {s}, (loss_avg_rank: {v}), (loss_avg_slice: 1.0), "
+            "(lr: 6.000e-04)")
+    lines = [prefix + base.format(s=s, v=v) for s, v in ((5, "12.5"), (10, "-3.250"),
+                                                          (15, "nan"), (20, "-inf"))]
+    found = scan_lines(lines, node="n1")
+    assert [(f.id, f.rank, f.step, f.line_no, f.count) for f in found] == [
+        ("loss-divergence", 1, 15, 3, 2), ("loss-negative", 1, 10, 2, 1)]
+    assert "step 10: loss -3.25" in found[1].detail and found[1].to_dict()["step"] == 10
+
+
+def test_ordinary_lines_of_a_failing_run_are_not_faults() -> None:
+    for line in ("W1201 09:14:02.118000 2190 torch/distributed/elastic/multiprocessing/api.py:1010] "
+                 "Sending process 2212 closing signal SIGTERM",
+                 "  exitcode  : 0 (pid: 1348)",
+                 "[rank0]: No checkpoint found at '/out/model.pt', does not resume status!",
+                 "[2026-12-01 10:10:00,000][root][INFO] - total_num of samplers: 1200, /d/t.jsonl",
+                 "[rank0]: loading /data/wav/a.wav took 0.1 s",
+                 "[2026-12-01 10:10:00,000][root][INFO] - (loss_avg_rank: 0.5), KeyError count: 0"):
+        assert scan_lines([line]) == [], line
+
+
+def test_literal_prefixes_never_hide_a_match() -> None:
+    """The substring test before each regex is sound: on every fixture line and every real
+    log line, a signature that matches contains its prefix."""
+    lines = [line for p in (*FAULT_LOGS.glob("*.log"), *LOGS.glob("*.log"))
+             for line in p.read_text(encoding="utf-8").splitlines()]
+    for f in CATALOG:
+        for s in f.signatures:
+            prefix = literal_prefix(s)
+            for line in lines:
+                if re.search(s, line):
+                    assert prefix in line, (f.id, s, line)
+    assert literal_prefix(r"rrno:? ?110\b") == "rrno"
+    assert literal_prefix(r"\(loss_avg_rank: -\d") == "(loss_avg_rank: -"
+    assert literal_prefix(r"(?:a|b)c") == "" and literal_prefix(r"ab|cd") == ""
+    assert literal_prefix(r"Signal 9 \(SIGKILL\)") == "Signal 9 (SIGKILL)"

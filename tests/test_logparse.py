@@ -312,3 +312,41 @@ def test_parse_line_never_raises_on_mutated_real_lines(line: str, data: st.DataO
     ev = parse_line(text)
     assert ev.text == text
     ev.to_dict()
+
+
+# --- lines as they come: prefixes cut anywhere, other loggers in front ------------------------
+
+def test_train_and_val_lines_with_the_prefix_cut_anywhere() -> None:
+    """A pasted log keeps any tail of Hydra's prefix, and even a tail of the tag itself."""
+    tag_at = TRAIN_LINE.index("train, rank: ")
+    val_line = TRAIN_LINE.replace(" - train, ", " - val, ")
+    for line, cls, start in ((TRAIN_LINE, TrainStep, tag_at), (val_line, ValStep, tag_at)):
+        tag_len = 5 if cls is TrainStep else 3
+        for cut in range(start + tag_len):  # every cut before the tag ends
+            ev = parse_line(line[cut:])
+            assert isinstance(ev, cls), (cut, line[cut:cut + 30])
+            assert (ev.rank, ev.total_step, ev.loss) == (0, 5, 151.133)
+            assert ev.stats["loss_ctc"] == 141.118 and ev.mem_peak_gb == 20.901
+            if cut < start - 8:  # "[INFO] - " or a part of it with the level left
+                assert ev.level == "INFO", cut
+
+
+@pytest.mark.parametrize("prefix, rank", [
+    ("[rank3]:", 0), ("[rank3]: ", 0), ("[default0]:", 0), ("[default1]: ", 0),
+    ("2026-11-30 00:15:55,439 - root - INFO - ", 0), ("I1130 00:15:55.439000 1326 trainer.py:88] ", 0),
+    ("node2: ", 0), ("\x1b[32m", 0),
+])
+def test_train_lines_behind_other_loggers(prefix: str, rank: int) -> None:
+    message = TRAIN_LINE.split("[INFO] - ", 1)[1]
+    for line in (prefix + message, prefix + TRAIN_LINE):
+        ev = parse_line(line)
+        assert isinstance(ev, TrainStep), line[:60]
+        assert (ev.rank, ev.total_step, ev.step_in_slice, ev.loss) == (rank, 5, 5, 151.133)
+        assert ev.text == line
+
+
+def test_step_words_elsewhere_are_not_step_lines() -> None:
+    for line in ("retrain, rank: 0, total step: 5", "pre-val, rank: 1, total step: 2",
+                 "[2026-11-30 00:15:55,439][root][INFO] - rank: 0, total step: 5",
+                 "the train, rank: high"):
+        assert not isinstance(parse_line(line), TrainStep | ValStep), line

@@ -21,11 +21,11 @@ import re
 import statistics
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from console.training.logparse import parse_line
+from console.training.logparse import Event, StepEvent, parse_line
 
 
 class Severity(str, Enum):
@@ -80,9 +80,13 @@ class Fault:
     """One entry of the catalog.
 
     ``signatures`` are regexes searched in each log line; ``detector`` names the metrics
-    detector that reports it (``loss``, ``stall``, ``grad_sync``, ``gpu_util``); ``versions``
-    restrict a config trigger to the versions it is known for; ``config_trigger`` tells the
-    config editor which configs cause it."""
+    detector that reports it (``loss``, ``stall``, ``grad_sync``, ``gpu_util``), or ``address``
+    / ``context`` for entries the scanner assigns from what a line names (the master port or a
+    peer) or from the run (a resume); ``versions`` restrict a config trigger to the versions it
+    is known for; ``config_trigger`` tells the config editor which configs cause it.
+    ``network``: a connect failure, re-assigned by the address it names; ``supersedes``: ids of
+    less specific entries left out when this one matches the same line; ``generic``: a failure
+    whose cause is another line (the scanner attaches it)."""
 
     id: str
     title: str
@@ -93,6 +97,9 @@ class Fault:
     versions: tuple[VersionRange, ...] = ()
     config_trigger: ConfigTrigger | None = None
     source: str = ""
+    network: bool = False
+    supersedes: tuple[str, ...] = ()
+    generic: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,7 @@ class Finding:
     line_no: int | None = None
     detail: str = ""
     count: int = 1
+    step: int | None = None
 
     @property
     def id(self) -> str:
@@ -119,7 +127,8 @@ class Finding:
         return {"id": self.fault.id, "title": self.fault.title,
                 "severity": self.fault.severity.value, "advice": self.fault.advice,
                 "node": self.node, "rank": self.rank, "line": self.line_no,
-                "count": self.count, "detail": self.detail, "evidence": list(self.evidence)}
+                "count": self.count, "step": self.step, "detail": self.detail,
+                "evidence": list(self.evidence)}
 
 
 # --- config triggers ------------------------------------------------------------------------
@@ -145,29 +154,137 @@ def _adam_without_torch_adam(cfg: Mapping[str, Any]) -> str | None:
 
 # --- the catalog ----------------------------------------------------------------------------
 
+#: What a dtype mismatch reads like, in every wording of PyTorch's kernels (CPU and CUDA), its
+#: Python layers and older releases.
+_DTYPE_SIGNATURES = (
+    r"must have the same dtype",                  # mat1 and mat2 / self and mat2 / addmv
+    r"to have the same dtype",                    # expected m1 and m2 / query, key, and value
+    r"to have same dtype",                        # dot : expected both vectors to have same dtype
+    r"expected scalar type \w+ but found \w+",
+    r"of scalar type \w+ but got scalar type \w+",  # Expected object of scalar type (old torch)
+    r"Input type \([^)]*\) and (?:weight|bias) type \([^)]*\) should be the same",
+    r"Found dtype \w+ but expected \w+",
+    r"result type \w+ can't be cast to the desired output type \w+",
+)
+
 CATALOG: tuple[Fault, ...] = (
     Fault(
+        id="master-port-unreachable", title="Master port not reached", severity=Severity.ERROR,
+        detector="address",
+        advice="A node could not connect to master_addr:master_port (torch's rendezvous store). "
+               "Check that the master's firewall lets the master port in from every node, that "
+               "--master-addr is the master's address on the training network, and that the "
+               "interface (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME) routes to it.",
+        source="torch c10d TCPStore"),
+    Fault(
+        id="peer-unreachable", title="A peer's ports not reached", severity=Severity.ERROR,
+        detector="address",
+        advice="A connection between ranks failed on a port other than the master port: gloo's "
+               "pairs and NCCL's bootstrap and rings use ports beyond master_port, chosen at "
+               "random. Let TCP in between the training nodes on all ports in each node's "
+               "firewall (the finding names the address), and pin the interface with "
+               "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME.",
+        source="namespace cluster drill; gloo pair.cc, NCCL socket.cc"),
+    Fault(
+        id="connection-timeout", title="Connection timed out", severity=Severity.ERROR,
+        network=True,
+        signatures=(r"rrno:? ?110\b", r"Connection timed out", r"ETIMEDOUT",
+                    r"client socket has timed out after \d+m?s while trying to connect",
+                    r"TCP client failed to connect/validate to host", r"timed out connecting: ",
+                    r"Connect timeout ", r"Socket Timeout", r"TimeoutError: timed out"),
+        advice="A connection between nodes timed out (a firewall dropping the packets, or a "
+               "wrong address or interface). The log named no address: check both the master "
+               "port and the ports between nodes that gloo and NCCL use beyond it, and "
+               "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME.",
+        source="torch c10d socket.cpp, gloo, Python"),
+    Fault(
+        id="connection-refused", title="Connection refused", severity=Severity.ERROR,
+        network=True,
+        signatures=(r"onnection refused", r"rrno:? ?111\b",
+                    r"ECONNREFUSED", r"client socket has failed to connect to"),
+        advice="Nothing listened at the address: the master's agent or a peer rank was not up "
+               "(yet), had already exited, or the address is wrong (--master-addr, the "
+               "interface). See whether another node failed first.",
+        source="torch c10d socket.cpp, gloo"),
+    Fault(
         id="connection-reset", title="Node connection reset", severity=Severity.ERROR,
-        signatures=(r"ConnectionResetError", r"Connection reset by peer"),
+        signatures=(r"ConnectionResetError", r"onnection reset by peer",
+                    r"Connection closed by peer", r"Connection closed by remote peer",
+                    r"ECONNRESET", r"Broken pipe", r"rrno:? ?104\b"),
         advice="A peer dropped the connection. Check the firewall rules between the nodes "
                "(master port and NCCL ports) and raise the timeouts (DEEPSPEED_TIMEOUT, "
                "minutes); see whether a node died first.",
         source="seed 6.2"),
     Fault(
-        id="connection-timeout", title="Connection timed out (errno 110)", severity=Severity.ERROR,
-        signatures=(r"rrno:? ?110\b", r"Connection timed out",
-                    r"client socket has timed out after \d+m?s while trying to connect"),
-        advice="A node could not reach the master: usually a firewall dropping the master port, or "
-               "a wrong --master-addr / network interface (NCCL_SOCKET_IFNAME, "
-               "GLOO_SOCKET_IFNAME). Open the port on the master and check the address.",
-        source="domain notes"),
+        id="port-in-use", title="Address or port already in use", severity=Severity.ERROR,
+        signatures=(r"ddress already in use", r"EADDRINUSE", r"rrno:? ?98\b",
+                    r"server socket has failed to (?:bind|listen)"),
+        advice="The port was taken on this node: another run (svconsole runs), a leftover "
+               "torchrun of an earlier one, or another service holds it. Stop it, or choose "
+               "another master port in cluster.yaml.",
+        source="torch c10d socket.cpp (DistNetworkError)"),
     Fault(
-        id="nccl-watchdog-timeout", title="NCCL collective timed out", severity=Severity.ERROR,
-        signatures=(r"Watchdog caught collective operation timeout",),
-        advice="A collective (all-reduce) waited past its timeout: one rank is stuck, dead or far "
-               "slower (data loading, a full disk, another node's failure). Look for the first "
-               "rank that stopped logging; check the interconnect (NCCL_DEBUG=INFO).",
-        source="domain notes"),
+        id="nccl-connect-failed", title="NCCL could not connect to a peer",
+        severity=Severity.ERROR,
+        signatures=(r"NCCL WARN .*?(?:Connect to \S+ failed|Call to connect returned|"
+                    r"Connection closed by remote peer|Call to recv from \S+ failed)",),
+        supersedes=("connection-timeout", "connection-refused", "connection-reset",
+                    "node-unreachable"),
+        advice="NCCL's bootstrap or ring connection to the named peer failed: its ports are "
+               "firewalled, or NCCL picked an interface that does not reach it. Set "
+               "NCCL_SOCKET_IFNAME to the training network's interface on every node and let "
+               "TCP in between the nodes.",
+        source="NCCL misc/socket.cc"),
+    Fault(
+        id="nccl-system-error", title="NCCL system error", severity=Severity.ERROR,
+        signatures=(r"unhandled system error", r"ncclSystemError"),
+        advice="A system call inside NCCL failed (socket, shared memory, InfiniBand). Run with "
+               "NCCL_DEBUG=INFO; usual causes: NCCL_SOCKET_IFNAME naming an interface the node "
+               "lacks, /dev/shm too small in a container (--shm-size), RDMA misconfigured "
+               "(try NCCL_IB_DISABLE=1), a peer that is not reachable.",
+        source="NCCL ncclGetErrorString; torch ProcessGroupNCCL"),
+    Fault(
+        id="nccl-internal-error", title="NCCL internal error", severity=Severity.ERROR,
+        signatures=(r"internal error - please report this issue to the NCCL developers",
+                    r"ncclInternalError"),
+        advice="NCCL failed an internal check: often mismatched NCCL versions between nodes or "
+               "a broken topology detection. Compare the stack on every node (svconsole check) "
+               "and run with NCCL_DEBUG=INFO.",
+        source="NCCL ncclGetErrorString"),
+    Fault(
+        id="nccl-remote-error", title="NCCL: remote process exited or network error",
+        severity=Severity.ERROR,
+        signatures=(r"remote process exited or there was a network error", r"ncclRemoteError"),
+        advice="Another rank died or the network dropped under NCCL. Find the rank that failed "
+               "first (its own finding names the cause); this one is the consequence.",
+        source="NCCL ncclGetErrorString"),
+    Fault(
+        id="nccl-watchdog-timeout", title="Collective operation timed out",
+        severity=Severity.ERROR,
+        signatures=(r"Watchdog caught collective operation timeout",
+                    r"Heartbeat monitor timed out", r"watchdog got stuck for",
+                    r"Timeout at NCCL work", r"Timed out waiting \d+ms for (?:recv|send)"),
+        advice="A collective (all-reduce) waited past its timeout and the rank was aborted "
+               "(exit -6): one rank is stuck, dead or far slower (data loading, a full disk, "
+               "another node's failure). Look for the first rank that stopped logging; check "
+               "the interconnect (NCCL_DEBUG=INFO).",
+        source="torch ProcessGroupNCCL watchdog and heartbeat monitor; gloo"),
+    Fault(
+        id="collective-mismatch", title="Ranks ran different collectives",
+        severity=Severity.ERROR,
+        signatures=(r"Detected mismatch between collectives on ranks",),
+        advice="Ranks entered different collectives: the data gives ranks different numbers of "
+               "batches (FunASR's token batching does; a rank that finishes its epoch early "
+               "enters the next collective alone), or code runs a collective on some ranks "
+               "only. TORCH_DISTRIBUTED_DEBUG=DETAIL names the collectives.",
+        source="torch ProcessGroupWrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL)"),
+    Fault(
+        id="unused-parameters", title="Parameters without gradients (DDP reduction)",
+        severity=Severity.ERROR,
+        signatures=(r"Expected to have finished reduction in the prior iteration",),
+        advice="Some parameters took no part in the loss, so DDP's reduction never finished. "
+               "Set ++train_conf.find_unused_parameters=true, or freeze the unused parameters.",
+        source="torch reducer.cpp"),
     Fault(
         id="cuda-oom", title="CUDA out of memory", severity=Severity.ERROR,
         signatures=(r"CUDA out of memory", r"torch\.(?:cuda\.)?OutOfMemoryError"),
@@ -175,14 +292,19 @@ CATALOG: tuple[Fault, ...] = (
                "enable bf16 where the GPU and FunASR version allow it, or a higher ZeRO stage.",
         source="seed 6.2"),
     Fault(
-        id="host-oom-kill", title="Worker killed (exit code -9, host out of memory)",
+        id="host-oom-kill", title="Host out of memory (worker killed or allocation failed)",
         severity=Severity.ERROR,
-        signatures=(r"exitcode\s*:\s*-9\b", r"Signal 9 \(SIGKILL\) received",
-                    r"Out of memory: Killed process"),
-        advice="The kernel's OOM killer (or an operator) sent SIGKILL. Check the node's RAM "
-               "(dmesg); lower dataset_conf.num_workers and the prefetch, and make sure no other "
-               "job shares the host.",
-        source="domain notes"),
+        signatures=(r"exitcode\s*:\s*-9\b", r"Signal 9 \(SIGKILL\)",
+                    r"exits with return code = -9\b", r"is killed by signal: Killed",
+                    r"Out of memory: Killed process", r"Memory cgroup out of memory",
+                    r"invoked oom-killer", r"oom-kill:", r"Cannot allocate memory",
+                    r"rrno:? ?12\b"),
+        supersedes=("worker-exit",),
+        advice="The host ran out of RAM: the kernel's OOM killer sent SIGKILL (exit -9), or an "
+               "allocation failed (errno 12). Check the node's RAM and kernel log (the finding "
+               "attaches its oom-kill lines); lower dataset_conf.num_workers and the prefetch, "
+               "and make sure no other job shares the host.",
+        source="torch elastic, DataLoader, DeepSpeed launcher, kernel"),
     Fault(
         id="module-not-found", title="Python module missing on a node", severity=Severity.ERROR,
         signatures=(r"ModuleNotFoundError: No module named",),
@@ -199,16 +321,68 @@ CATALOG: tuple[Fault, ...] = (
                "DeepSpeed derive the third, or fix the world size.",
         source="DeepSpeed runtime/config.py"),
     Fault(
+        id="checkpoint-world-size", title="Checkpoint saved with another world size",
+        severity=Severity.ERROR,
+        signatures=(r"The checkpoint being loaded used a DP world size of",),
+        advice="DeepSpeed cannot re-partition ZeRO optimizer states for a new number of ranks. "
+               "Resume with the nodes and GPUs the checkpoint was saved with, or convert it "
+               "(deepspeed.checkpoint.ds_to_universal) and load it as a universal checkpoint.",
+        source="DeepSpeed runtime/engine.py"),
+    Fault(
+        id="resume-checkpoint-missing", title="Resume found no checkpoint",
+        severity=Severity.ERROR, detector="context",
+        signatures=(r"No checkpoint found at .*does not resume",),
+        advice="This run was launched to resume, but this rank found no output_dir/model.pt and "
+               "started from scratch: output_dir is not the same shared storage on every node, "
+               "or the run points at another output_dir. (A first run prints the same line: "
+               "it is a finding only when resuming.)",
+        source="funasr train_utils/trainer_ds.py"),
+    Fault(
+        id="data-audio-missing", title="Audio file missing", severity=Severity.ERROR,
+        signatures=(r"Audio file not found: ", r"Loading wav failed!",
+                    r"No such file or directory: '[^']*\.(?:wav|flac|mp3|ogg|opus|m4a|aac|pcm)'",
+                    r"Error opening '[^']*': ", r"LibsndfileError", r"NoBackendError"),
+        advice="A data list names audio that this node cannot read. Check the paths in the "
+               "jsonl (the finding names the file) on every node: the data must be on shared "
+               "storage, or at the same path on each node.",
+        source="funasr utils/load_utils.py, sense_voice_datasets"),
+    Fault(
+        id="data-fields-missing", title="Data list lacks a SenseVoice field",
+        severity=Severity.ERROR,
+        signatures=(r"KeyError: '(?:key|source|source_len|target|target_len|text_language|"
+                    r"emo_target|event_target|with_or_wo_itn)'",),
+        advice="A jsonl line lacks a field FunASR's SenseVoice dataset reads (key, source, "
+               "source_len, target, target_len, text_language, emo_target, event_target, "
+               "with_or_wo_itn). Regenerate the list (funasr's sensevoice2jsonl) or add it.",
+        source="funasr datasets/audio_datasets/index_ds.py"),
+    Fault(
+        id="data-empty", title="No training data", severity=Severity.ERROR,
+        signatures=(r"ERROR: data is empty!", r"total_num of samplers: 0\b",
+                    r"num_samples should be a positive integer value, but got num_samples=0"),
+        advice="The data list gave no samples: the jsonl is empty, every sample is outside "
+               "dataset_conf's min/max lengths (source_len counts 10 ms frames), or every audio "
+               "file failed to load.",
+        source="funasr index_ds.py, sense_voice_datasets, torch samplers"),
+    Fault(
         id="bf16-dtype-mismatch", title="bf16 dtype mismatch in FunASR's forward",
         severity=Severity.ERROR,
         signatures=(r"must have the same dtype, but got \w+ and BFloat16",
                     r"must have the same dtype, but got BFloat16 and \w+"),
+        supersedes=("dtype-mismatch",),
         versions=(VersionRange("funasr", low="1.4", below="1.5", seen="1.4.16"),),
         config_trigger=_bf16_enabled,
         advice="FunASR 1.4.x feeds float32 inputs to a bf16 DeepSpeed engine and the first step "
                "fails (also with ++train_conf.use_bf16=true). Train in fp32 (bf16.enabled false) "
                "with this FunASR version.",
         source="H200 run, funasr 1.4.16"),
+    Fault(
+        id="dtype-mismatch", title="Tensors of different dtypes", severity=Severity.ERROR,
+        signatures=_DTYPE_SIGNATURES,
+        advice="Two tensors of one operation have different dtypes. When the message names "
+               "BFloat16 or Half, the precision config does it: bf16.enabled / fp16.enabled in "
+               "the DeepSpeed config and ++train_conf.use_bf16 / use_fp16 must agree with what "
+               "FunASR feeds the model; train in fp32 to confirm.",
+        source="torch kernels"),
     Fault(
         id="fusedadam-jit-arch", title="FusedAdam JIT build fails on the GPU arch list",
         severity=Severity.ERROR,
@@ -235,6 +409,13 @@ CATALOG: tuple[Fault, ...] = (
         advice="Gradients exploded: enable gradient clipping (gradient_clipping in the DeepSpeed "
                "config), lower the learning rate or lengthen the warmup, and check the data.",
         source="seed 6.2"),
+    Fault(
+        id="loss-negative", title="Negative loss", severity=Severity.WARNING,
+        signatures=(r"\(loss_avg_rank: -\d",),
+        advice="A CTC/cross-entropy loss cannot be below zero: the labels or the loss weights "
+               "are wrong (e.g. a token id outside the vocabulary, a mis-set ctc_weight), or "
+               "the numbers overflowed. Check the data and the model config.",
+        source="domain notes"),
     Fault(
         id="stalled-rank", title="Rank stopped logging", severity=Severity.ERROR,
         detector="stall",
@@ -263,7 +444,18 @@ CATALOG: tuple[Fault, ...] = (
                "do not have it. Use fp16 or fp32 on these GPUs.",
         source="domain notes"),
     Fault(
-        id="job-failed", title="Training job failed", severity=Severity.ERROR,
+        id="worker-exit", title="Worker process exited with an error", severity=Severity.ERROR,
+        generic=True,
+        signatures=(r"failed \(exitcode: (?!0\))-?\d+\)", r"exitcode\s*:\s*(?!0 )-?\d+ \(pid",
+                    r"exits with return code = (?!0\b)-?\d+", r"received by PID \d+",
+                    r"is killed by signal: ", r"exited unexpectedly"),
+        advice="A training process ended with a non-zero exit code or a signal; the cause "
+               "named with it is the line before (a Python exception), or the signal: -6 "
+               "SIGABRT (the NCCL watchdog's abort), -7 SIGBUS (/dev/shm full), -11 SIGSEGV, "
+               "-15 SIGTERM (stopped by the launcher after another rank failed).",
+        source="torch elastic, DeepSpeed launcher, DataLoader"),
+    Fault(
+        id="job-failed", title="Training job failed", severity=Severity.ERROR, generic=True,
         signatures=(r"Error executing job with overrides:", r"ChildFailedError: "),
         advice="The trainer exited with an error; the exception above it names the cause.",
         source="Hydra / torchrun"),
@@ -278,22 +470,267 @@ def fault(fault_id: str) -> Fault:
     return _BY_ID[fault_id]
 
 
-#: Every signature compiled, with its entry. Searched one by one: each starts with a literal,
-#: which the regex engine finds fast; one big alternation would be many times slower.
-_SIGNATURES: tuple[tuple[Fault, re.Pattern[str]], ...] = tuple(
-    (f, re.compile(s)) for f in CATALOG for s in f.signatures)
+def literal_prefix(pattern: str) -> str:
+    """The literal text every match of the regex ``pattern`` contains at its start (``''`` when
+    it has none): a substring test that rules most lines out before the regex runs."""
+    depth = 0
+    for i, ch in enumerate(pattern):
+        if ch == "\\":
+            continue
+        if ch == "(" and (i == 0 or pattern[i - 1] != "\\"):
+            depth += 1
+        elif ch == ")" and pattern[i - 1] != "\\":
+            depth -= 1
+        elif ch == "|" and depth == 0 and pattern[i - 1] != "\\":
+            return ""
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            nxt = pattern[i + 1:i + 2]
+            if not nxt or nxt.isalnum():
+                break
+            out.append(nxt)
+            i += 2
+            continue
+        if ch in "*?{":
+            if out:
+                out.pop()
+            break
+        if ch in ".^$+[]|()":
+            break
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+#: Every signature compiled, with its entry and its literal prefix. Searched one by one after a
+#: substring test of the prefix; one big alternation would be many times slower.
+_SIGNATURES: tuple[tuple[Fault, re.Pattern[str], str], ...] = tuple(
+    (f, re.compile(s), literal_prefix(s)) for f in CATALOG for s in f.signatures)
 
 #: How many evidence lines a finding keeps (the first ones; ``count`` says how many matched).
 MAX_EVIDENCE = 5
 
 
-def match_line(text: str) -> list[Fault]:
-    """The catalog entries whose signatures appear in this line (usually none)."""
+def match_line(text: str, *, resuming: bool = False) -> list[Fault]:
+    """The catalog entries whose signatures appear in this line (usually none); an entry that
+    a more specific one on the same line supersedes is left out, and a dtype mismatch that
+    names BFloat16 is the bf16 entry. ``resuming``: the run resumes, so "no checkpoint found"
+    is a fault (a first run prints it too)."""
     found: list[Fault] = []
-    for f, pattern in _SIGNATURES:
-        if (not found or found[-1] is not f) and pattern.search(text):
+    for f, pattern, prefix in _SIGNATURES:
+        if found and found[-1] is f:
+            continue
+        if prefix and prefix not in text:
+            continue
+        if pattern.search(text):
             found.append(f)
+    if not found:
+        return found
+    if not resuming and _BY_ID["resume-checkpoint-missing"] in found:
+        found = [f for f in found if f.id != "resume-checkpoint-missing"]
+    if len(found) > 1:
+        dropped = {i for f in found for i in f.supersedes}
+        found = [f for f in found if f.id not in dropped]
+    if _BY_ID["dtype-mismatch"] in found and _BF16.search(text):
+        found = [_BY_ID["bf16-dtype-mismatch"] if f.id == "dtype-mismatch" else f
+                 for f in found]
     return found
+
+
+_BF16 = re.compile(r"[Bb][Ff]loat16|\bbf16\b")
+_HALF = re.compile(r"\bHalf\b|float16|\bfp16\b")
+
+
+# --- what the text says: address, rank, exit --------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScanContext:
+    """What the scanner knows about the run whose log it reads. ``rank_offset``: the global
+    rank of the node's local rank 0 (node rank x processes per node), to turn a ``local_rank``
+    into a global rank. ``master_addr``/``master_port``: where the rendezvous store listens.
+    ``master_port_reachable``: what a pre-flight saw (``None``: not checked); when it answered,
+    a connect failure that names no address is not blamed on the master port. ``hosts``: address
+    or hostname -> node name, to name the node behind an address. ``resuming``: the run was
+    launched to resume, so finding no checkpoint is an error."""
+
+    node: str | None = None
+    rank_offset: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    master_port_reachable: bool | None = None
+    hosts: Mapping[str, str] = field(default_factory=dict)
+    resuming: bool = False
+
+    def global_rank(self, local_rank: int | None) -> int | None:
+        if local_rank is None or self.rank_offset is None:
+            return None
+        return self.rank_offset + local_rank
+
+    def is_master(self, host: str) -> bool:
+        if self.master_addr is None:
+            return False
+        names = {self.master_addr}
+        names.update(h for h, n in self.hosts.items()
+                     if n == self.hosts.get(self.master_addr, self.master_addr))
+        return host in names
+
+
+#: The address a connection failure names, in the wordings of gloo (``remote=[A]:P``), c10d
+#: (``(A, P)``, ``[A]:P``, ``to host A:P``), NCCL (``A<P>``), ssh (``host A port P``).
+_ADDRESSES = (
+    re.compile(r"remote=\[?([^\]\s,]+?)\]?:(\d+)"),
+    re.compile(r"\(([^,()\s]+), (\d+)\)"),
+    re.compile(r"\[([^\]\s]+)\]:(\d+)"),
+    re.compile(r"to host \[?([^\s\]]+?)\]?:(\d+)"),
+    re.compile(r"([\w.:-]+)<(\d+)>"),
+    re.compile(r"host (\S+) port (\d+)"),
+    re.compile(r"\b(\d{1,3}(?:\.\d{1,3}){3}):(\d+)"),
+)
+
+
+def named_address(text: str) -> tuple[str, int] | None:
+    """The (host, port) a connection failure names, or ``None``."""
+    for pattern in _ADDRESSES:
+        m = pattern.search(text)
+        if m:
+            return m.group(1), int(m.group(2))
+    return None
+
+
+def address_role(host: str, port: int, context: ScanContext) -> str:
+    """``master`` (master_addr:master_port, the rendezvous store), ``master-node`` (another port
+    on the master), ``peer`` (another node) or ``unknown`` (no master address known)."""
+    if context.master_addr is not None:
+        if context.is_master(host):
+            return "master" if port == context.master_port else "master-node"
+        return "peer"
+    if context.master_port is not None:
+        return "master" if port == context.master_port else "peer"
+    return "unknown"
+
+
+def _describe_address(host: str, port: int, role: str, context: ScanContext) -> str:
+    node = context.hosts.get(host)
+    where = f"{host}:{port}" + (f" ({node})" if node else "")
+    if role == "master":
+        return f"{where} is the master port (master_addr:master_port)"
+    if role == "master-node":
+        return (f"{where} is a port on the master node other than master_port "
+                f"{context.master_port}: a peer connection")
+    if role == "peer":
+        note = f", not the master port {context.master_addr}:{context.master_port}" \
+            if context.master_addr is not None else ""
+        return f"{where} is a peer{note}"
+    return f"address {where}"
+
+
+_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV",
+            13: "SIGPIPE", 15: "SIGTERM"}
+_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)|exits with return code = (-?\d+)|"
+                   r"Signal (\d+) \((SIG\w+)\) received|killed by signal: (.+?)\.?\s*$")
+_PORT = re.compile(r"port:? (\d+)|\]:(\d+)|:(\d+) \(errno")
+_QUOTED_AUDIO = re.compile(r"'([^']+\.(?:wav|flac|mp3|ogg|opus|m4a|aac|pcm))'")
+_AUDIO_NOT_FOUND = re.compile(r"Audio file not found: '([^']+)'|Error opening '([^']+)'")
+_KEY_ERROR = re.compile(r"KeyError: '(\w+)'")
+_SAMPLERS = re.compile(r"total_num of samplers: 0, (\S+)")
+_WORLD = re.compile(r"DP world size of (\d+) but the current world size is (\d+)")
+_CKPT = re.compile(r"No checkpoint found at '([^']*)'")
+
+
+def _exit_detail(text: str) -> str:
+    m = _EXIT.search(text)
+    if not m:
+        return ""
+    if m.group(5) is not None:
+        return f"DataLoader worker killed by signal {m.group(5)}"
+    if m.group(3) is not None:
+        code = -int(m.group(3))
+    else:
+        code = int(m.group(1) or m.group(2))
+    if code < 0:
+        name = _SIGNALS.get(-code, f"signal {-code}")
+        notes = {6: ": the NCCL watchdog aborts this way after a collective timeout",
+                 7: ": often /dev/shm too small for the DataLoader", 9: ": the OOM killer or "
+                 "an operator", 15: ": stopped, usually by the launcher after another rank failed"}
+        return f"exit code {code} ({name}{notes.get(-code, '')})"
+    return f"exit code {code}"
+
+
+def _crashed_by_itself(text: str) -> bool:
+    """A worker exit by a signal of its own (SIGSEGV, SIGABRT, SIGBUS...), not the SIGTERM or
+    SIGINT a launcher sends the others when one rank failed."""
+    m = _EXIT.search(text)
+    if not m or m.group(5) is not None:
+        return False
+    code = -int(m.group(3)) if m.group(3) is not None else int(m.group(1) or m.group(2))
+    return code < 0 and -code not in (1, 2, 15)
+
+
+def _detail(f: Fault, text: str, context: ScanContext) -> tuple[Fault, str]:
+    """The entry a match really is (a connect failure to the master or to a peer, a resume
+    that found nothing) and what the line says in particular."""
+    if f.network or f.id in ("connection-reset", "nccl-connect-failed", "node-unreachable"):
+        addr = named_address(text)
+        if addr is None:
+            if f.network and context.master_port_reachable:
+                return _BY_ID["peer-unreachable"], (
+                    "the log names no address; the master port answered the pre-flight, so "
+                    "a connection between peers failed")
+            return f, ""
+        role = address_role(*addr, context)
+        detail = _describe_address(*addr, role, context)
+        if f.network and role == "master":
+            if context.master_port_reachable:
+                detail += "; the pre-flight reached it, so look at this node's route to it"
+            return _BY_ID["master-port-unreachable"], detail
+        if f.network and role in ("peer", "master-node"):
+            return _BY_ID["peer-unreachable"], detail
+        return f, detail
+    if f.id in ("bf16-dtype-mismatch", "dtype-mismatch"):
+        if _BF16.search(text):
+            return f, "bf16 in the message: the precision config (bf16.enabled, use_bf16)"
+        if _HALF.search(text):
+            return f, "half (fp16) in the message: the precision config (fp16.enabled, use_fp16)"
+        return f, ""
+    if f.id in ("host-oom-kill", "worker-exit"):
+        detail = _exit_detail(text)
+        if not detail and "Cannot allocate memory" in text:
+            detail = "an allocation failed (errno 12, ENOMEM)"
+        return f, detail
+    if f.id == "port-in-use":
+        m = _PORT.search(text)
+        if not m:
+            return f, ""
+        port = int(next(g for g in m.groups() if g))
+        master = " (the master port)" if port == context.master_port else ""
+        return f, f"port {port}{master}"
+    if f.id == "resume-checkpoint-missing":
+        m = _CKPT.search(text)
+        return f, f"no checkpoint at {m.group(1) if m else 'output_dir/model.pt'}"
+    if f.id == "checkpoint-world-size":
+        m = _WORLD.search(text)
+        return f, (f"saved with {m.group(1)} data-parallel ranks, now {m.group(2)}" if m else "")
+    if f.id == "data-audio-missing":
+        m = _AUDIO_NOT_FOUND.search(text) or _QUOTED_AUDIO.search(text)
+        return f, (f"missing: {next(g for g in m.groups() if g)}" if m else "")
+    if f.id == "data-fields-missing":
+        m = _KEY_ERROR.search(text)
+        return f, (f"field {m.group(1)!r} missing from a data line" if m else "")
+    if f.id == "data-empty":
+        m = _SAMPLERS.search(text)
+        return f, (f"0 samples in {m.group(1).rstrip(',')}" if m else "")
+    if f.id in ("loss-divergence", "loss-negative"):
+        ev = parse_line(text)
+        step, loss = getattr(ev, "total_step", None), getattr(ev, "loss", None)
+        return f, (f"rank {ev.rank}, step {step}: loss {loss}" if step is not None else "")
+    return f, ""
+
+
+# --- findings ----------------------------------------------------------------------------
 
 
 class FindingCollector:
@@ -302,19 +739,60 @@ class FindingCollector:
 
     def __init__(self) -> None:
         self._findings: dict[tuple[str, str | None, int | None], Finding] = {}
+        self._causes: dict[tuple[str, str | None, int | None], str] = {}
 
     def add(self, fault_: Fault, evidence: str, *, node: str | None, rank: int | None,
-            line_no: int | None, detail: str = "") -> Finding:
+            line_no: int | None, detail: str = "", step: int | None = None) -> Finding:
         key = (fault_.id, node, rank)
         old = self._findings.get(key)
         if old is None:
-            new = Finding(fault_, (evidence,), node, rank, line_no, detail)
+            new = Finding(fault_, (evidence,), node, rank, line_no, detail, step=step)
         else:
             kept = old.evidence if len(old.evidence) >= MAX_EVIDENCE else (*old.evidence, evidence)
             new = Finding(fault_, kept, node, rank, old.line_no, old.detail or detail,
-                          old.count + 1)
+                          old.count + 1, old.step if old.step is not None else step)
         self._findings[key] = new
         return new
+
+    def get(self, key: tuple[str, str | None, int | None]) -> Finding | None:
+        return self._findings.get(key)
+
+    def with_cause(self, key: tuple[str, str | None, int | None], cause: str, *,
+                   extend_only: bool = False) -> None:
+        """Put ``cause`` (the line that says why) first in a finding's evidence and detail. A
+        cause that continues the one already given (a wrapped message, joined) replaces it;
+        ``extend_only``: do nothing otherwise."""
+        old = self._findings.get(key)
+        if old is None or cause in old.evidence:
+            return
+        given = self._causes.get(key)
+        evidence, detail = old.evidence, old.detail
+        if given is not None and cause.startswith(given):
+            evidence = tuple(cause if e == given else e for e in evidence)
+            detail = detail.replace(given.strip(), cause.strip(), 1)
+        elif extend_only:
+            return
+        else:
+            evidence = (cause, *evidence)[:MAX_EVIDENCE + 1]
+            detail = f"cause: {cause.strip()}" + (f"; {detail}" if detail else "")
+        self._causes[key] = cause
+        self._findings[key] = replace(old, evidence=evidence, detail=detail)
+
+    def move(self, key: tuple[str, str | None, int | None], rank: int) -> None:
+        """The finding under ``key`` (rank unknown) turned out to be ``rank``'s: merge it there."""
+        old = self._findings.pop(key, None)
+        if old is None:
+            return
+        new_key = (key[0], key[1], rank)
+        there = self._findings.get(new_key)
+        if there is None:
+            self._findings[new_key] = replace(old, rank=rank)
+            return
+        first, second = sorted((there, old), key=lambda f: f.line_no or 0)
+        evidence = tuple(dict.fromkeys(first.evidence + second.evidence))[:MAX_EVIDENCE + 1]
+        self._findings[new_key] = replace(first, rank=rank, evidence=evidence,
+                                          count=first.count + second.count,
+                                          detail=first.detail or second.detail)
 
     def findings(self) -> list[Finding]:
         return sorted(self._findings.values(), key=_finding_order)
@@ -326,21 +804,238 @@ def _finding_order(f: Finding) -> tuple[int, int, int]:
     return order[f.severity], _INDEX[f.id], f.line_no if f.line_no is not None else 0
 
 
-def scan_lines(lines: Iterable[str], node: str | None = None, rank: int | None = None, *,
-               start_line: int = 1) -> list[Finding]:
-    """Faults whose signatures appear in ``lines`` (one log, e.g. one node's). Each finding
-    names the node, the rank (``rank`` if given, else the line's own ``[rankN]:``/``rank: N``)
-    and the first line number; errors first, specific causes before generic ones."""
-    collector = FindingCollector()
-    for line_no, text in enumerate(lines, start_line):
+_RANK_PREFIX = re.compile(r"\[rank(\d+)\]:")
+#: NCCL's own prefix ``host:pid:tid [device]``: the device is the process's local GPU, which
+#: torchrun gives local rank N.
+_NCCL_PREFIX = re.compile(r"^\S+:\d+:\d+ \[(\d+)\] ")
+_LOCAL_PREFIX = re.compile(r"\[([a-z_]+?)(\d+)\]:")
+_BLOCK_START = re.compile(r"^\[\d+\]:\s*$")
+_BLOCK_RANK = re.compile(r"^\s+rank\s*: (\d+) \(local_rank: (\d+)\)")
+_BLOCK_HOST = re.compile(r"^\s+host\s*: (\S+)")
+_LOCAL_RANK = re.compile(r"local_rank: (\d+) \(pid|--local_rank=(\d+)")
+_PG_RANK = re.compile(r"\[(?:PG (?:ID )?\d+ (?:PG GUID \S+ )?)?Rank (\d+)\]|, rank=(\d+),")
+_PID = re.compile(r"\(pid: (\d+)\)|received by PID (\d+)")
+_EXC_START = re.compile(
+    r"^(?:\[[^\]]*\]\s?)*((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|Exit)): ")
+_NEW_RECORD = re.compile(r"^(?:\[|[EWIFD]\d{4} |\d{4}-\d\d-\d\d|\s|Traceback|[=\-─━│╭╰])")
+
+#: Lines after a generic failure in which its cause may still come (Hydra prints its error
+#: line before the traceback that ends with the cause).
+CAUSE_WINDOW = 400
+#: Lines a wrapped exception message may continue over (rich tracebacks wrap long messages).
+JOIN_LINES = 8
+
+
+@dataclass
+class _Joined:
+    text: str
+    rank: int | None
+    prefix_rank: int | None
+    line_no: int
+    faults: set[str]
+    lines: int = 1
+
+
+class FaultScanner:
+    """Reads one node's log line by line and names the faults in it, keeping what a single line
+    cannot say: the rank of a torchrun failure summary (``rank : N (local_rank: L)``) for the
+    lines of its block, a ``local_rank`` turned global with the node's rank offset, an
+    exception message wrapped over several lines (joined before matching), and the cause line
+    before (or, with Hydra, after) a generic failure, attached to it as evidence."""
+
+    def __init__(self, context: ScanContext | None = None,
+                 collector: FindingCollector | None = None) -> None:
+        self.context = context or ScanContext()
+        self.collector = collector or FindingCollector()
+        self.line_no = 0
+        self._block: dict[str, Any] | None = None
+        self._joined: _Joined | None = None
+        self._causes: dict[int | None, tuple[str, int]] = {}
+        self._waiting: list[tuple[tuple[str, str | None, int | None], int]] = []
+        self._pids: dict[int, tuple[str, str | None, int | None]] = {}
+        self._given: deque[tuple[str, str | None, int | None]] = deque(maxlen=32)
+
+    def findings(self) -> list[Finding]:
+        return self.collector.findings()
+
+    def feed(self, text: str, *, line_no: int | None = None, rank: int | None = None,
+             event: Event | None = None) -> list[Fault]:
+        """Take the next line (``event``: its parse, when the caller has it; ``rank``: the rank
+        when the caller knows it); return the entries it matched."""
+        self.line_no = line_no if line_no is not None else self.line_no + 1
         text = text.rstrip("\n")
-        matched = match_line(text)
-        if not matched:
-            continue
-        line_rank = rank if rank is not None else parse_line(text).rank
+        if isinstance(event, StepEvent):
+            self._joined = None
+            return self._step(event, text)
+        body = text
+        line_rank = rank
+        if text.startswith("[") and line_rank is None:
+            m = _RANK_PREFIX.match(text)
+            if m:
+                body = text[m.end():].lstrip()
+                line_rank = int(m.group(1)) if line_rank is None else line_rank
+            else:
+                m = _LOCAL_PREFIX.match(text)
+                if m and m.group(1) != "rank":
+                    body = text[m.end():].lstrip()
+                    if line_rank is None:
+                        line_rank = self.context.global_rank(int(m.group(2)))
+        block_rank = self._track_block(body)
+        if self._joined is not None:
+            if self._continues(body, rank if rank is not None else line_rank):
+                return self._join(body)
+            self._joined = None
+        prefix_rank = line_rank
+        matched = match_line(text, resuming=self.context.resuming)
+        exc = _EXC_START.match(body)
+        if not matched and exc is None:
+            return matched
+        if line_rank is None:
+            line_rank = block_rank if block_rank is not None else self._rank_of(text, event)
+        is_cause = False
+        if exc is not None and not exc.group(1).endswith("ChildFailedError"):
+            self._joined = _Joined(text, line_rank, rank if rank is not None else prefix_rank,
+                                   self.line_no, {f.id for f in matched})
+            is_cause = True
         for f in matched:
-            collector.add(f, text, node=node, rank=line_rank, line_no=line_no)
-    return collector.findings()
+            self._record(f, text, line_rank)
+            is_cause = is_cause or (not f.generic and f.severity is Severity.ERROR)
+        if is_cause:
+            self._cause(text, line_rank)
+        return matched
+
+    # -- pieces ------------------------------------------------------------------------
+
+    def _step(self, event: StepEvent, text: str) -> list[Fault]:
+        loss = event.loss
+        if loss is None or (math.isfinite(loss) and loss >= 0):
+            return []
+        f = _BY_ID["loss-divergence" if not math.isfinite(loss) else "loss-negative"]
+        self.collector.add(f, text, node=self.context.node, rank=event.rank,
+                           line_no=self.line_no, step=event.total_step,
+                           detail=f"rank {event.rank}, step {event.total_step}: loss {loss}")
+        return [f]
+
+    def _track_block(self, body: str) -> int | None:
+        """Follow torchrun's failure summary; the rank of the block this line is in."""
+        if _BLOCK_START.match(body):
+            self._block = {}
+            return None
+        if self._block is None:
+            return None
+        if not body.startswith(" "):
+            self._block = None
+            return None
+        m = _BLOCK_RANK.match(body)
+        if m:
+            self._block["rank"] = int(m.group(1))
+        m = _BLOCK_HOST.match(body)
+        if m:
+            self._block["host"] = m.group(1)
+        return self._block.get("rank")
+
+    def _rank_of(self, text: str, event: Event | None) -> int | None:
+        m = _LOCAL_RANK.search(text) or _NCCL_PREFIX.match(text)
+        if m:
+            return self.context.global_rank(int(next(g for g in m.groups() if g)))
+        m = _PG_RANK.search(text)
+        if m:
+            return int(m.group(1) or m.group(2))
+        return (event if event is not None else parse_line(text)).rank
+
+    def _continues(self, body: str, rank: int | None) -> bool:
+        joined = self._joined
+        assert joined is not None
+        return (joined.lines < JOIN_LINES and self.line_no == joined.line_no + joined.lines
+                and rank == joined.prefix_rank and bool(body.strip())
+                and not _NEW_RECORD.match(body) and not _EXC_START.match(body))
+
+    def _join(self, body: str) -> list[Fault]:
+        joined = self._joined
+        assert joined is not None
+        joined.text = f"{joined.text} {body.strip()}"
+        joined.lines += 1
+        new = [f for f in match_line(joined.text, resuming=self.context.resuming)
+               if f.id not in joined.faults]
+        for f in new:
+            joined.faults.add(f.id)
+            self._record(f, joined.text, joined.rank, line_no=joined.line_no)
+        for key in self._given:
+            self.collector.with_cause(key, joined.text, extend_only=True)
+        self._causes[joined.rank] = self._causes[None] = (joined.text, joined.line_no)
+        return new
+
+    def _record(self, f: Fault, text: str, rank: int | None, *,
+                line_no: int | None = None) -> None:
+        line_no = self.line_no if line_no is None else line_no
+        real, detail = _detail(f, text, self.context)
+        key = (real.id, self.context.node, rank)
+        pid = _PID.search(text)
+        if pid and real.id in ("worker-exit", "host-oom-kill"):
+            pid_no = int(pid.group(1) or pid.group(2))
+            earlier = self._pids.get(pid_no)
+            if earlier is not None and earlier[0] == real.id and earlier[2] is None \
+                    and rank is not None:
+                self.collector.move(earlier, rank)
+            elif earlier is not None and earlier[0] == real.id and earlier[2] is not None \
+                    and rank is None:
+                key = earlier
+                rank = earlier[2]
+            self._pids[pid_no] = key
+        step = None
+        if real.id in ("loss-divergence", "loss-negative"):
+            step = getattr(parse_line(text), "total_step", None)
+        known = self.collector.get(key) is not None
+        self.collector.add(real, text, node=self.context.node, rank=rank, line_no=line_no,
+                           detail=detail, step=step)
+        if f.generic and not known:
+            cause = self._cause_for(rank, own=_crashed_by_itself(text))
+            if cause is not None:
+                self.collector.with_cause(key, cause)
+                self._given.append(key)
+            else:
+                self._waiting.append((key, line_no))
+
+    def _cause_for(self, rank: int | None, *, own: bool = False) -> str | None:
+        """The latest cause line of ``rank`` (of any rank when none of its own, unless
+        ``own``: the rank crashed by itself, another rank's error did not cause it)."""
+        ranks = (rank,) if own and rank is not None else (rank, None)
+        for r in ranks:
+            seen = self._causes.get(r)
+            if seen is not None and self.line_no - seen[1] <= CAUSE_WINDOW:
+                return seen[0]
+        return None
+
+    def _cause(self, text: str, rank: int | None, *, replace_line: int | None = None) -> None:
+        """A line that says why: remember it for the generic failures that follow, and give it
+        to those that came before it and still wait."""
+        self._causes[rank] = self._causes[None] = (text, replace_line or self.line_no)
+        if not self._waiting:
+            return
+        still = []
+        for key, line_no in self._waiting:
+            if self.line_no - line_no > CAUSE_WINDOW:
+                continue
+            if key[2] is None or rank is None or key[2] == rank:
+                self.collector.with_cause(key, text)
+                self._given.append(key)
+            else:
+                still.append((key, line_no))
+        self._waiting = still
+
+
+def scan_lines(lines: Iterable[str], node: str | None = None, rank: int | None = None, *,
+               start_line: int = 1, context: ScanContext | None = None) -> list[Finding]:
+    """Faults in ``lines`` (one log, e.g. one node's), read with :class:`FaultScanner`. Each
+    finding names the node, the rank (``rank`` if given, else what the text says) and the
+    first line number; errors first, specific causes before generic ones."""
+    ctx = context or ScanContext()
+    if node is not None and ctx.node is None:
+        ctx = replace(ctx, node=node)
+    scanner = FaultScanner(ctx)
+    for line_no, text in enumerate(lines, start_line):
+        scanner.feed(text, line_no=line_no, rank=rank)
+    return scanner.findings()
 
 
 def config_incompatibilities(ds_config: Mapping[str, Any],

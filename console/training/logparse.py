@@ -43,6 +43,12 @@ _DEEPSPEED_PREFIX = re.compile(
 # --- FunASR lines ---------------------------------------------------------------------------
 
 _STEP_TAG = re.compile(r"^(train|val), ")
+#: Terminal colour and cursor codes (colorlog, rich): not part of what a line says.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+#: The tag anywhere: behind a prefix cut short (a pasted log) or another logger's format.
+_STEP_TAG_ANYWHERE = re.compile(r"(?<![\w-])(train|val), rank: -?\d")
+#: What is left of a logger prefix before the tag may still name the level: ``INFO] - ``.
+_CUT_LEVEL = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\]? -? ?$")
 #: The header as FunASR 1.4 writes it; other orders and older variants go through _STEP_FIELD.
 _STEP_HEADER = re.compile(
     r"^(?:train|val), rank: (-?\d+), epoch: (-?\d+)/(-?\d+), data_slice: (-?\d+)/(-?\d+), "
@@ -419,6 +425,15 @@ def _parse_message(message: str, meta: dict[str, Any]) -> Event | None:
     m = _STEP_TAG.match(message)
     if m:
         return _parse_step(m.group(1), message, meta)
+    if ", rank: " in message and (m := _STEP_TAG_ANYWHERE.search(message)) is not None:
+        if "level" not in meta and (lv := _CUT_LEVEL.search(message, 0, m.start())) is not None:
+            meta["level"] = lv.group(1)
+        return _parse_step(m.group(1), message[m.start():], meta)
+    cut = message.find(", rank: ", 0, 13)
+    if cut > 0 and "total step: " in message:  # the cut went into the tag: "ain, rank: 0, ..."
+        for tag in ("train", "val"):
+            if tag.endswith(message[:cut]):
+                return _parse_step(tag, tag + message[cut:], meta)
     if (m := _DS_TIMERS.search(message)) is not None:
         timers = {k: to_float(v) for k, v in _DS_TIMER_PAIR.findall(m.group(2))}
         return DeepSpeedTimers(timers=timers, **{**meta, "rank": int(m.group(1))})
@@ -466,7 +481,7 @@ def _parse_message(message: str, meta: dict[str, Any]) -> Event | None:
 def parse_line(text: str, *, line_no: int = 0, offset: int = 0) -> Event:
     """Parse one log line (without its newline). Never raises: an unknown or damaged line is
     :class:`Unparsed`."""
-    message, meta = _strip_prefixes(text)
+    message, meta = _strip_prefixes(_ANSI.sub("", text) if "\x1b" in text else text)
     meta.update(line_no=line_no, offset=offset, text=text)
     try:
         event = _parse_message(message, meta)
