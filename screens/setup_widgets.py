@@ -260,14 +260,19 @@ class PhaseChecklist(Static):
              "not started": ("○", "dim")}
 
     def show(self, standing: Standing) -> None:
+        self.update(self.text_of(standing))
+
+    @classmethod
+    def text_of(cls, standing: Standing) -> Text:
         text = Text()
-        for i, phase in enumerate(PHASES, 1):
+        # Lettered, not numbered: keys 1-5 switch screens, and "3" here would read as a key.
+        for letter, phase in zip("ABCDEFGHIJ", PHASES, strict=False):
             status = standing.phase_status(phase)
-            mark, style = self.MARKS.get(status, ("→", "dim"))
-            text.append(f"{i} {mark} ", style=style)
+            mark, style = cls.MARKS.get(status, ("→", "dim"))
+            text.append(f"{letter} {mark} ", style=style)
             text.append(f"{phase.value}\n", style="bold" if status != "done" else "")
             text.append(f"      {status}\n", style=style)
-        self.update(text)
+        return text
 
 
 class StateGrid(DataTable):

@@ -112,3 +112,17 @@ async def test_nodes_hostfile_export_refuses_gpu_less_nodes_like_the_cli(tmp_pat
             assert "no node has a GPU" in notes[-1] and "--slots" in notes[-1], notes
     finally:
         pool.close()
+
+
+def test_setup_phases_are_lettered_not_numbered():
+    """Seen: the Setup screen numbered its phases 1-5 while keys 1-5 switch screens."""
+    from console.bringup.model import PHASES
+    from screens.setup_widgets import PhaseChecklist
+
+    class Standing:
+        def phase_status(self, phase):
+            return "not started"
+
+    lines = [line for line in PhaseChecklist.text_of(Standing()).plain.splitlines()
+             if "○" in line]
+    assert [line.split()[0] for line in lines] == list("ABCDEFGHIJ"[:len(PHASES)])
