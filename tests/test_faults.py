@@ -535,3 +535,47 @@ def test_literal_prefixes_never_hide_a_match() -> None:
     assert literal_prefix(r"\(loss_avg_rank: -\d") == "(loss_avg_rank: -"
     assert literal_prefix(r"(?:a|b)c") == "" and literal_prefix(r"ab|cd") == ""
     assert literal_prefix(r"Signal 9 \(SIGKILL\)") == "Signal 9 (SIGKILL)"
+
+
+# --- kernel evidence for a SIGKILL (console.training.evidence), on a loopback node ----------------
+
+def test_oom_evidence_from_a_nodes_kernel_log(loopback) -> None:  # type: ignore[no-untyped-def]
+    """A line written to the kernel log (/dev/kmsg, as root) is read back over SSH as the
+    evidence of the killed pid; where the kernel log cannot be read, the evidence says why."""
+    import os
+    import uuid
+
+    from console.cluster.model import load_cluster
+    from console.ssh.pool import Pool
+    from console.training.evidence import killed_pid, oom_evidence, with_kernel_evidence
+
+    marker = f"svconsole-test-{uuid.uuid4().hex[:8]}"
+    pid = 4_190_000 + os.getpid() % 4000  # above any real pid here
+    wrote = False
+    try:
+        with open("/dev/kmsg", "w") as kmsg:
+            kmsg.write(f"<4>Out of memory: Killed process {pid} ({marker}) total-vm:1024kB, "
+                       "anon-rss:512kB, file-rss:0kB\n")
+        wrote = True
+    except OSError:
+        pass
+    sigkill = scan_lines([f"  exitcode  : -9 (pid: {pid})"], node="node0")[0]
+    assert sigkill.id == "host-oom-kill" and killed_pid(sigkill) == pid
+    with Pool(load_cluster(loopback.cluster_yaml)) as pool:
+        ev = oom_evidence(pool, "node0", pid=pid, sudo=False)
+        if ev.readable:
+            assert ev.source in ("dmesg", "journalctl -k") and ev.error is None
+            if wrote:
+                assert marker in ev.lines[0] and f"process {pid}" in ev.lines[0]
+            attached = with_kernel_evidence(sigkill, ev)
+            assert attached.evidence[:1] == sigkill.evidence
+            assert attached.evidence[1:] == ev.lines and "kernel log of node0" in attached.detail
+        else:
+            assert "dmesg" in ev.error and "journalctl" in ev.error  # type: ignore[operator]
+        refused = oom_evidence(pool, "node0", sudo=False, readers=(
+            ("dmesg", "dmesg --no-such-option 2>&1"),
+            ("journalctl -k", "journalctl --no-such-option 2>&1")))
+    assert not refused.readable and refused.lines == ()
+    assert refused.error is not None and refused.error.startswith("dmesg: ")
+    assert "; journalctl -k: " in refused.error
+    assert "not readable" in refused.summary() and "node0" in refused.summary()
