@@ -396,6 +396,26 @@ def _supervise(args: dict, report: int) -> None:
     log.close()
 
 
+def _secret_env(args: dict) -> dict:
+    """The values of the run's secret variables (``args["secret_env"]`` names them), from the
+    file the console wrote beside the pid file (mode 0600), read once and removed: they are
+    never on this process's command line, which every user of the node can read."""
+    names = args.get("secret_env") or []
+    if not names:
+        return {}
+    path = args["pid_file"][: -len(".pid")] + ".secrets"
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = json.load(f)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    missing = [n for n in names if not isinstance(values, dict) or n not in values]
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}")
+    return {n: str(values[n]) for n in names}
+
+
 def start(args: dict) -> dict:
     for key in ("log", "pid_file", "exit_file"):
         os.makedirs(os.path.dirname(args[key]), exist_ok=True)
@@ -403,6 +423,10 @@ def start(args: dict) -> dict:
         os.unlink(args["exit_file"])
     if not os.path.isdir(args["cwd"]):
         return {"error": f"working directory {args['cwd']} does not exist"}
+    try:
+        args = dict(args, env={**(args.get("env") or {}), **_secret_env(args)})
+    except (OSError, ValueError) as exc:
+        return {"error": f"the secret variables did not arrive: {exc}"}
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the supervisor

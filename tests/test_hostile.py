@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
@@ -207,6 +208,13 @@ def test_run_record_with_env_secrets_is_0600_and_plan_output_redacted(pool, tmp_
         assert f"token length {len(TOKEN)}" in log.read_text()  # the training got the value
         listing = subprocess.run(["ps", "-eww", "-o", "args="], capture_output=True, text=True)
         assert TOKEN not in listing.stdout
+        for word in listing.stdout.split():  # nor inside the node script's payload
+            try:
+                decoded = base64.b64decode(word, validate=True)
+            except ValueError:
+                continue
+            assert TOKEN.encode() not in decoded
+        assert not list(Path(runs.run_dir(str(out), record.id)).glob("*.secrets"))
     finally:
         runs.stop_run(pool, record, grace=5)
 

@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from console.bringup.model import nccl_env_file
 from console.cluster.model import Cluster
-from console.cluster.redact import redact, redact_env
+from console.cluster.redact import is_secret, redact, redact_env
 from console.ssh.pool import Pool, RemoteError
 from console.ssh.remote import script_text
 from console.training import dsconfig
@@ -465,6 +465,21 @@ def _install_cpu_wrapper(pool: Pool, plan: LaunchPlan) -> None:
         pool.put(node.node, data, f"{plan.output_dir}/svconsole/{CPU_WRAPPER}")
 
 
+def secrets_file(node: NodeRun) -> str:
+    """Where the values of a node's secret variables (``*TOKEN*`` and the like) wait for its
+    supervisor: beside its pid file, mode 0600; the node script reads and removes it. They
+    never go on a command line, which every user of the node can read in ``ps``."""
+    return node.pid_file[: -len(".pid")] + ".secrets"
+
+
+def _put_secrets(pool: Pool, plan: LaunchPlan, record: RunRecord) -> None:
+    for n in plan.nodes:
+        values = {k: v for k, v in n.env.items() if is_secret(k)}
+        if values:
+            pool.put(n.node, json.dumps(values).encode(), secrets_file(record.node(n.node)),
+                     mode=0o600)
+
+
 def launch(pool: Pool, prep: Preparation, state_dir: Path, *, force: bool = False,
            resumed_from: str | None = None) -> RunRecord:
     """Start the prepared run on every node, detached, and return its record (saved to
@@ -481,6 +496,7 @@ def launch(pool: Pool, prep: Preparation, state_dir: Path, *, force: bool = Fals
                  f"{own}/{n.node}.exit") for n in plan.nodes],
         plan.to_dict(), prep.profile.to_dict(), resumed_from)
     try:
+        _put_secrets(pool, plan, record)
         if plan.entry == "cpu-wrapper":
             _install_cpu_wrapper(pool, plan)
         if plan.options.deepspeed_json is not None and prep.profile.train_conf.use_deepspeed:
@@ -490,7 +506,9 @@ def launch(pool: Pool, prep: Preparation, state_dir: Path, *, force: bool = Fals
         put_record(pool, record)  # the processes name it: it must be there before they start
     except (RemoteError, BadRecord) as exc:
         raise LaunchError(str(exc)) from None
-    per_node = {n.node: {"run_id": plan.run_id, "node": n.node, "argv": n.argv, "env": n.env,
+    per_node = {n.node: {"run_id": plan.run_id, "node": n.node, "argv": n.argv,
+                         "env": {k: v for k, v in n.env.items() if not is_secret(k)},
+                         "secret_env": sorted(k for k in n.env if is_secret(k)),
                          "cwd": n.cwd, "log": n.log, "pid_file": record.node(n.node).pid_file,
                          "exit_file": record.node(n.node).exit_file,
                          "record": record.record_path}
