@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from console.cluster.model import Node
     from console.cluster.probe import NodeFacts
     from console.ssh.pool import NodeStatus
+    from console.ssh.sshconfig import Endpoint
 
 VERDICT_STYLE = {"ready": "bold green", "degraded": "bold yellow", "not ready": "bold red"}
 MISMATCH_STYLE = "bold red"
@@ -71,14 +72,23 @@ class _Lines:
         self.text.append(f"{text}\n", style=style)
 
 
-def _node_section(out: _Lines, node: Node, status: NodeStatus | None) -> None:
-    user = node.user or "(local user)"
-    out.pair("ssh", "local (no SSH)" if node.local else f"{user}@{node.host}:{node.port}")
+def _node_section(out: _Lines, node: Node, status: NodeStatus | None,
+                  endpoint: Endpoint | None) -> None:
+    if node.local:
+        out.pair("ssh", "local (no SSH)")
+    elif endpoint is None:
+        out.pair("ssh", f"{node.user or '(local user)'}@{node.host}:{node.port}")
+    else:
+        out.pair("ssh", endpoint.describe(), "red" if endpoint.error else "")
+        for label, value, where in endpoint.explain():
+            out.text.append(f"  {label}: ", style="dim")
+            out.text.append(value)
+            out.text.append(f"  ({where})\n", style="dim")
+        if endpoint.error:
+            out.note(endpoint.error, "red")
     out.pair("role", node.role)
     gpus = "all" if node.gpus is None else ",".join(map(str, node.gpus)) or "none"
     out.pair("gpus setting", gpus)
-    if node.identity_file:
-        out.pair("identity file", node.identity_file)
     if status is not None:
         label = getattr(status.state, "label", str(status.state))
         out.pair("connection", f"{label}{': ' + status.reason if status.reason else ''}")
@@ -210,11 +220,13 @@ def _network_lines(out: _Lines, facts: NodeFacts) -> None:
 
 
 def detail_text(node: Node, facts: NodeFacts | None, status: NodeStatus | None,
-                report: NodeReport | None, mismatches: list[Mismatch], now: float) -> Text:
-    """Everything known about one node, as the detail pane shows it."""
+                report: NodeReport | None, mismatches: list[Mismatch], now: float,
+                endpoint: Endpoint | None = None) -> Text:
+    """Everything known about one node, as the detail pane shows it; ``endpoint``: the pool's
+    effective connection of the node (user@host:port via jumps, each value's origin)."""
     out = _Lines()
     out.text.append(f"{node.name}\n", style="bold reverse")
-    _node_section(out, node, status)
+    _node_section(out, node, status, endpoint)
     if facts is None:
         out.pair("facts", "not probed yet")
     elif facts.ok or facts.stale:

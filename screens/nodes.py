@@ -419,7 +419,8 @@ class NodesScreen(ConsoleScreen):
         rep = self.report.nodes.get(name) if self.report else None
         pane.show(detail_text(self.console.cluster.node(name), self.facts.get(name),
                               self.console.pool.statuses().get(name), rep,
-                              self.report.mismatches if self.report else [], self._now()))
+                              self.report.mismatches if self.report else [], self._now(),
+                              self.console.pool.endpoint(name)))
 
     # ------------------------------------------------------------------ messages
 

@@ -3,18 +3,24 @@ real sshd jump hosts (console/ssh/sshconfig.py and the pool), no mocks."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import paramiko
 import pytest
 
+from console import cli
 from console.cluster.model import ClusterConfigError, load_cluster, parse_cluster, parse_jump_host
+from console.commands.check import render_connections
 from console.ssh.loopback import LoopbackCluster
 from console.ssh.pool import NodeState, Pool
 from console.ssh.sshconfig import Resolver
+from screens.node_detail import detail_text
 
 
 def write_cluster(directory: Path, nodes: list[tuple[str, str]], ssh: str = "") -> Path:
@@ -59,7 +65,7 @@ Host *
     assert a.host_key_name == "[gpu1.cluster.internal]:2222"  # HostName, not the alias
     assert a.origin("host") == "ssh_config:2 (Host gpu*)"
     assert a.origin("user") == "ssh_config:2 (Host gpu*)"
-    yaml = tmp_path / "cluster.yaml"
+    yaml = "cluster.yaml"
     assert a.origin("port") == f"{yaml}:3 ssh.port"
     assert a.origin("connect_timeout") == f"{yaml}:4 ssh.connect_timeout"
     assert (b.host, b.user, b.origin("user")) == ("other", "bob", "ssh_config:11 (Host *)")
@@ -218,6 +224,34 @@ def test_two_jump_hosts_aliases_per_host_user_and_key(fresh_loopback, tmp_path, 
         assert pool.status("n2b").state == NodeState.AUTH_FAILED, wrong
         assert "nobody-svconsole@127.0.1.3" in (wrong.error or "")
     assert not own.exists()  # every key was found under its HostName: nothing new recorded
+
+
+def test_effective_connection_is_shown_with_its_origins(fresh_loopback, tmp_path, monkeypatch,
+                                                        capsys):
+    """`nodes` (text and JSON), `check`'s connection list and the Nodes detail pane all show
+    user@host:port via jump1,jump2 and where each value came from."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    lb = fresh_loopback(4)
+    path, _ = two_hop_setup(lb, tmp_path)
+    via = f"{lb.user}@127.0.1.4:{lb.port} via jump1,jump2"
+    block = f"{tmp_path / 'ssh_config'}:15 (Host n3)"
+    assert cli.main(["--config", str(path), "nodes", "--json", "--no-facts"]) == 1  # n2b: auth
+    data = json.loads(capsys.readouterr().out)
+    assert data["n3"]["connection"] == via and data["n3"]["via"] == ["jump1", "jump2"]
+    assert data["n3"]["origins"]["user"] == block and data["n3"]["state"] == "up"
+    assert data["n3"]["origins"]["port"] == f"{tmp_path / 'ssh_config'}:24 (Host *)"
+    cli.main(["--config", str(path), "nodes"])
+    table = capsys.readouterr().out
+    assert via in table and f"user from {block}" in table
+    cluster = load_cluster(path)
+    with Pool(cluster) as pool:
+        out = io.StringIO()
+        render_connections(pool, cluster, out)
+        assert f"n3   {via}" in out.getvalue() and f"identity from {block}" in out.getvalue()
+        text = detail_text(cluster.node("n3"), None, pool.status("n3"), None, [], time.time(),
+                           pool.endpoint("n3")).plain
+    assert f"ssh: {via}" in text and f"user: {lb.user}  ({block})" in text
+    assert "via: jump1,jump2  (" in text
 
 
 def test_jump_host_down_is_named_not_auth_failed(fresh_loopback, tmp_path, monkeypatch):

@@ -588,8 +588,9 @@ def _check_document(doc: Any, source: str, path: Path | None) -> Cluster:
         for name, spec in (("cluster", _CLUSTER_FIELDS), ("ssh", _SSH_FIELDS))
     }
     ssh_doc = doc.get("ssh")
+    file = Path(source).name  # origins name the file briefly: they are shown in narrow panes
     ssh = SSHSettings(**sections["ssh"], origins=tuple(
-        (key, f"{source}:{_value_pos(ssh_doc, key)[0]} ssh.{key}") for key in sections["ssh"]))
+        (key, f"{file}:{_value_pos(ssh_doc, key)[0]} ssh.{key}") for key in sections["ssh"]))
     nodes, names = _check_nodes(c, doc, ssh)
     conf = sections["cluster"]
     master = conf.pop("master", None)
@@ -674,7 +675,8 @@ def _check_nodes(
                 head = i
         if len(c.issues) == count:
             origins = tuple(
-                (key, f"{c.source}:{_value_pos(item, key)[0]} {path}.{key}") if key in v
+                (key, f"{Path(c.source).name}:{_value_pos(item, key)[0]} {path}.{key}")
+                if key in v
                 else (key, ssh.origin(key) or "")
                 for key in ("host", "port", "user", "identity_file")
                 if key in v or ssh.origin(key))

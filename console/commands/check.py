@@ -153,6 +153,23 @@ def render(cluster: Cluster, report: Report, out: TextIO, now: float | None = No
             print(f"  {name}: {tier.tier} (held by {', '.join(tier.limited_by)})", file=out)
 
 
+def render_connections(pool: Pool, cluster: Cluster, out: TextIO) -> None:
+    """Each node's effective SSH connection (user@host:port via jumps) and where it came from."""
+    endpoints = {n: pool.endpoint(n) for n in cluster.names()}
+    if not any(endpoints.values()):
+        return
+    print("\nConnections (cluster.yaml, then the ssh config):", file=out)
+    width = max(map(len, endpoints))
+    for name, endpoint in endpoints.items():
+        if endpoint is None:
+            print(f"  {name:<{width}}  local", file=out)
+            continue
+        print(f"  {name:<{width}}  {endpoint.describe()}", file=out)
+        print(f"  {'':<{width}}    {endpoint.sources()}", file=out)
+        if endpoint.error:
+            print(f"  {'':<{width}}    cannot connect as configured: {endpoint.error}", file=out)
+
+
 def handler(args: argparse.Namespace, ctx: Context) -> int:
     from console.cluster.inventory import Verdict
 
@@ -162,8 +179,13 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
     facts, report = collect(ctx.pool, ctx.cluster, ctx.state_dir, args.timeout,
                             not args.no_torch)
     if args.json:
-        print(json.dumps(report_json(facts, report), indent=2), file=ctx.out)
+        doc = report_json(facts, report)
+        for name, node in doc["nodes"].items():
+            endpoint = ctx.pool.endpoint(name)
+            node["connection"] = None if endpoint is None else endpoint.to_json()
+        print(json.dumps(doc, indent=2), file=ctx.out)
     else:
         render(ctx.cluster, report, ctx.out)
+        render_connections(ctx.pool, ctx.cluster, ctx.out)
     failing = {Verdict.NOT_READY} | ({Verdict.DEGRADED} if args.strict else set())
     return EXIT_FAILED if report.verdict in failing else EXIT_OK

@@ -614,8 +614,9 @@ class Pool:
 
     def endpoint(self, node: str) -> Endpoint | None:
         """The node's effective connection (user@host:port via jumps, and where each value came
-        from); None for the local node."""
-        return self._peer(node).endpoint
+        from); None for the local node or a name the pool does not know. No I/O."""
+        peer = self._peers.get(node)
+        return None if peer is None else peer.endpoint
 
     def _where(self, peer: _Peer) -> str:
         ep = peer.endpoint

@@ -216,6 +216,36 @@ class Endpoint:
     def origin(self, setting: str) -> str:
         return dict(self.origins).get(setting, "default")
 
+    def explain(self) -> list[tuple[str, str, str]]:
+        """``(setting, value, where it came from)`` for each setting an operator may ask about."""
+        values = {
+            "host": self.host, "port": str(self.port), "user": self.user,
+            "identity_file": ", ".join(self.identity_files) or "~/.ssh/id_* and ssh-agent",
+            "jumps": ",".join(j.name for j in self.jumps) or "none (direct)",
+            "connect_timeout": f"{self.connect_timeout:g} s",
+            "host_key_name": self.host_key_name, "policy": self.policy,
+        }
+        return [(label, values[key], self.origin(key)) for key, label in _EXPLAINED]
+
+    def sources(self) -> str:
+        """One line: where host, port, user, identity and jump hosts came from."""
+        return "; ".join(f"{label} from {where}" for label, _, where in self.explain()[:5])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "connection": self.describe(), "host": self.host, "port": self.port,
+            "user": self.user, "via": [j.name for j in self.jumps],
+            "identity_files": list(self.identity_files), "host_key_name": self.host_key_name,
+            "host_key_policy": self.policy, "connect_timeout": self.connect_timeout,
+            "origins": dict(self.origins), "error": self.error,
+        }
+
+
+_EXPLAINED = (("host", "host"), ("port", "port"), ("user", "user"),
+              ("identity_file", "identity"), ("jumps", "via"),
+              ("connect_timeout", "connect timeout"), ("host_key_name", "known_hosts name"),
+              ("policy", "host key policy"))
+
 
 def _policy_of(value: str | None) -> Policy | None:
     """StrictHostKeyChecking as one of svconsole's policies (None: no stricter than ours)."""
