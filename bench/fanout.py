@@ -10,6 +10,9 @@ same run, the wall time of ``hostname`` on all N nodes:
 
 Each is the median of ``--rounds`` runs, every run checked for one correct line per node. Targets:
 the warm pool at least 20x faster than pdsh, a cold ``svconsole exec`` no slower than pdsh.
+``--nodes 32,128`` runs the whole comparison once per size (a fresh cluster each) and ends with
+both figures per size. svconsole gets the same fan-out as pdsh (``ssh.max_parallel`` = pdsh's
+``-f``, 64 unless ``--fanout`` says otherwise).
 
 Every method pays the remote shell's start-up for each command (sshd runs ``$SHELL -c CMD``, and
 Debian's bash then reads ``~/.bashrc``). A ``.bashrc`` that runs ``pyenv init`` or ``conda init``
@@ -17,7 +20,7 @@ costs ~0.3 s per command and can dominate everything else. ``--plain-shell`` (ro
 benchmark in a private mount namespace where the login user's ``~/.bashrc`` is empty, to measure
 the SSH machinery alone; the real file is untouched.
 
-    .venv/bin/python bench/fanout.py [--nodes 32] [--rounds 5] [--plain-shell]
+    .venv/bin/python bench/fanout.py [--nodes 32,128] [--rounds 5] [--fanout 64] [--plain-shell]
 """
 
 from __future__ import annotations
@@ -69,10 +72,13 @@ def count_hostnames(text: str, hostname: str, prefixed: bool) -> int:
     return sum(ln.strip() == hostname for ln in lines)
 
 
-def bench(n: int, rounds: int) -> None:
+def bench(n: int, rounds: int, fanout: int) -> tuple[float, float]:
+    """Measure and print the four ways for ``n`` nodes; returns (pdsh / warm, cold / pdsh)."""
     hostname = os.uname().nodename
     with tempfile.TemporaryDirectory(prefix="svconsole-bench-") as tmp, \
             LoopbackCluster(Path(tmp) / "lb", n, base_port=None) as lb:
+        text = lb.cluster_yaml.read_text()
+        lb.cluster_yaml.write_text(text.replace("ssh:\n", f"ssh:\n  max_parallel: {fanout}\n", 1))
         cluster = load_cluster(lb.cluster_yaml)
         addresses = ",".join(lb.node(i).address for i in range(n))
 
@@ -87,7 +93,8 @@ def bench(n: int, rounds: int) -> None:
         pdsh_env = dict(os.environ, PDSH_SSH_ARGS_APPEND=shlex.join(ssh_options(lb)))
 
         def pdsh_once() -> int:
-            out = subprocess.run(["pdsh", "-R", "ssh", "-f", "64", "-w", addresses, "hostname"],
+            out = subprocess.run(["pdsh", "-R", "ssh", "-f", str(fanout), "-w", addresses,
+                                  "hostname"],
                                  capture_output=True, text=True, env=pdsh_env, timeout=120)
             return count_hostnames(out.stdout, hostname, prefixed=True)
 
@@ -111,7 +118,7 @@ def bench(n: int, rounds: int) -> None:
     print(f"fan-out of `hostname` to {n} loopback sshd nodes, median of {rounds} "
           f"(warm pool: {max(rounds, 5)}) runs, {os.cpu_count()} CPUs, "
           f"load {os.getloadavg()[0]:.1f}")
-    for name, seconds in (("warm svconsole pool", warm), ("pdsh -R ssh -f 64", pdsh),
+    for name, seconds in (("warm svconsole pool", warm), (f"pdsh -R ssh -f {fanout}", pdsh),
                           ("ssh per node, parallel", ssh), ("cold svconsole exec", cold)):
         print(f"  {name:24} {seconds * 1000:8.1f} ms")
     print(f"  pdsh / warm pool        {pdsh / warm:8.1f} x   (target >= 20)  "
@@ -119,6 +126,7 @@ def bench(n: int, rounds: int) -> None:
     print(f"  ssh per node / warm pool{ssh / warm:8.1f} x")
     print(f"  cold exec / pdsh        {cold / pdsh:8.2f}     (target <= 1)   "
           f"{'ok' if cold <= pdsh else 'MISSED'}")
+    return pdsh / warm, cold / pdsh
 
 
 def enter_plain_shell_namespace(argv: list[str]) -> None:
@@ -138,7 +146,10 @@ def blank_bashrc() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=32)
+    parser.add_argument("--nodes", default="32",
+                        help="node count, or several comma-separated (32,128): one run each")
+    parser.add_argument("--fanout", type=int, default=64,
+                        help="pdsh -f and svconsole's ssh.max_parallel (default 64)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--plain-shell", action="store_true",
                         help="measure with an empty ~/.bashrc (root; private mount namespace)")
@@ -148,7 +159,13 @@ def main() -> None:
         enter_plain_shell_namespace(sys.argv[1:])
     if args.inside_namespace:
         blank_bashrc()
-    bench(args.nodes, args.rounds)
+    sizes = [int(n) for n in args.nodes.split(",")]
+    figures = {n: bench(n, args.rounds, args.fanout) for n in sizes}
+    if len(sizes) > 1:
+        print("summary: nodes   pdsh/warm pool (>= 20)   cold exec/pdsh (<= 1)")
+        for n, (speedup, cold) in figures.items():
+            print(f"         {n:5}   {speedup:8.1f} x {'ok' if speedup >= 20 else 'MISSED':>8}"
+                  f"   {cold:8.2f} {'ok' if cold <= 1 else 'MISSED':>8}")
 
 
 if __name__ == "__main__":
