@@ -1,8 +1,15 @@
 """The Config screen: the DeepSpeed JSON and the training profile, validated as you type.
 
 Two files beside cluster.yaml (the current directory for the embedded default): ``ds_config.json``
-and ``training.yaml``. A missing file starts from the seed preset / the packaged profile and is
-written only when the operator saves (ctrl+s: atomic, the old file kept as ``.bak``).
+and ``training.yaml``. A missing JSON starts from what launch would ship (the profile's
+deepspeed_config, else the default preset for the cluster's GPUs and versions), a missing profile
+from the packaged one; a file is written only when the operator saves (ctrl+s: atomic, the old
+file kept as ``.bak``) and one of its values changed. A file changed on disk since it was read is
+never overwritten silently: the save asks (reload theirs / overwrite with mine / three-way diff).
+
+The JSON editor's text is the operator's: validation never rewrites it nor moves its cursor; a
+form edit changes just its value's characters. While the JSON is invalid the form shows the last
+valid JSON's values and where the error is. ``unsaved_work()`` says what leaving would lose.
 
 The two files (a few KB, local) are read when the screen mounts, before its first paint.
 Validation (``console.training.dsconfig.validate``: DeepSpeed's own rules, the tuning matrix, the cluster)
@@ -18,7 +25,9 @@ Diff (against the saved files or a preset), Report (every finding and the memory
 from __future__ import annotations
 
 import difflib
+import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Group
@@ -45,6 +54,10 @@ from screens.config_widgets import (
     ConfigFiles,
     ConfirmSave,
     FieldRow,
+    FileStamp,
+    JsonEditor,
+    OutsideChoice,
+    OutsideEdit,
     field_for,
     finding_text,
     literal_of,
@@ -53,6 +66,7 @@ from screens.config_widgets import (
     set_value,
     shown_profile_value,
     shown_value,
+    three_way_diff,
 )
 from screens.messages import (
     ClusterSpecReady,
@@ -151,6 +165,13 @@ class ConfigScreen(ConsoleScreen):
         self._validated = -1
         self._timer: Timer | None = None
         self._rows: dict[str, FieldRow] = {}
+        self._filling: dict[str, list[str]] = {}
+        """Values the screen put in each input itself, whose Changed messages are still on
+        their way (they are not edits, and never touch the JSON)."""
+        self._valid_doc: dsconfig.DSDocument | None = None
+        """The last valid JSON: the form shows its values while the text is invalid."""
+        self._json_error: str | None = None
+        self._general: list[Finding] = []
         self.diff = ""
         """The unified diff the Diff tab shows."""
 
@@ -170,8 +191,8 @@ class ConfigScreen(ConsoleScreen):
                         self._rows[spec.key] = row
                         yield row
             with TabPane("JSON", id="tab-json"):
-                yield TextArea.code_editor("", language="json", id="json-text",
-                                           soft_wrap=False)
+                yield JsonEditor.code_editor("", language="json", id="json-text",
+                                             soft_wrap=False)
                 yield Static(id="json-findings")
             with TabPane("Diff", id="tab-diff"):
                 yield Select(DIFF_TARGETS, value="saved", allow_blank=False, id="diff-target")
@@ -198,6 +219,23 @@ class ConfigScreen(ConsoleScreen):
     def has_errors(self) -> bool:
         """True when the last validation found errors (or it has not run yet)."""
         return self.report is None or not self.report.ok
+
+    def unsaved_work(self) -> str | None:
+        """What leaving now would lose, as a sentence (``None``: nothing): the app asks before
+        it quits or reloads the cluster."""
+        if self.files is None:
+            return None
+        files, lost = self.files, []
+        if files.ds_saved is not None and self.ds_text != files.ds_saved:
+            lost.append(f"edits of {files.ds_path.name}")
+        elif files.ds_saved is None and self.ds_text != files.ds_text:
+            lost.append(f"edits of the new {files.ds_path.name}")
+        if self.profile is not None and self.profile != files.profile:
+            keys = files.profile.changed_keys(self.profile)
+            lost.append(f"edits of {files.profile_path.name} ({', '.join(keys)})")
+        lost += [f"the value typed for {key} in {files.profile_path.name}"
+                 for key in self.profile_issues]
+        return ("Config: unsaved " + "; ".join(lost) + ".") if lost else None
 
     @property
     def settled(self) -> bool:
@@ -264,13 +302,14 @@ class ConfigScreen(ConsoleScreen):
     @work(thread=True, exclusive=True, group="config-save", name="save the config",
           exit_on_error=False)
     def write_files(self, files: ConfigFiles, ds_text: str, profile: TrainingProfile,
-                    save_ds: bool) -> None:
+                    save_ds: bool, save_pf: bool) -> None:
         written, notes = [], []
         if save_ds:
             written.append(dsconfig.save(files.ds_path, ds_text))
-        else:
+        elif self._ds_changed(files, ds_text):
             notes.append(f"{files.ds_path.name} NOT saved: it is not valid JSON")
-        written.append(save_profile(profile, files.profile_path))
+        if save_pf:
+            written.append(save_profile(profile, files.profile_path))
         self.post_message(ConfigSaved(files, written, notes))
 
     # -------------------------------------------------------------------------------- messages
@@ -278,11 +317,28 @@ class ConfigScreen(ConsoleScreen):
     def _use_files(self, files: ConfigFiles) -> None:
         self.files = files
         self.profile = files.profile
+        self.profile_issues.clear()
         self.ds_text = files.ds_text
         self.query_one("#json-text", TextArea).load_text(files.ds_text)
         self._fill_form()
         self._start_data_check()
         self._changed(now=True)
+
+    def _offer_default_preset(self) -> None:
+        """A new JSON from the default preset, untouched: the preset for the cluster now known
+        (fp32 or bf16 by its GPUs and versions)."""
+        files = self.files
+        if (files is None or files.ds_saved is not None or files.shipped is None
+                or files.shipped.origin != "preset" or self.ds_text != files.ds_text):
+            return
+        name, why = dsconfig.default_preset(self.spec)
+        text = dsconfig.preset_text(name)
+        files.shipped = dsconfig.ShippedJSON(files.ds_path, text, "preset", None, name, why)
+        files.notes = [files.shipped.note, *files.notes[1:]]
+        if text != files.ds_text:
+            files.ds_text = self.ds_text = text
+            self.query_one("#json-text", TextArea).load_text(text)
+            self._fill_form(only="ds")
 
     def on_deep_speed_loaded(self, message: DeepSpeedLoaded) -> None:
         self.deepspeed = message.version or f"not installed: {message.problem}"
@@ -301,6 +357,7 @@ class ConfigScreen(ConsoleScreen):
         self.spec, self._facts_at, self._up = message.spec, message.collected_at, message.up
         self._facts_source = message.source
         self._facts_ready = True
+        self._offer_default_preset()
         self._start_data_check()
         self._changed(now=True)
 
@@ -328,18 +385,21 @@ class ConfigScreen(ConsoleScreen):
 
     def on_config_saved(self, message: ConfigSaved) -> None:
         files = message.files
-        files.ds_saved = self.ds_text if any(p.name == files.ds_path.name
-                                             for p in message.written) else files.ds_saved
-        files.profile_saved = (profile_text(self.profile, files.profile_saved) if self.profile
-                               else files.profile_saved)
-        files.notes = []
+        names = {p.name for p in message.written}
+        if files.ds_path.name in names:
+            files.ds_saved = files.ds_path.read_text(encoding="utf-8")
+            files.ds_stamp = FileStamp.of_text(files.ds_path, files.ds_saved)
+            files.notes = [n for n in files.notes if not n.startswith(files.ds_path.name)]
+        if files.profile_path.name in names and self.profile is not None:
+            files.profile_saved = files.profile_path.read_text(encoding="utf-8")
+            files.profile_stamp = FileStamp.of_text(files.profile_path, files.profile_saved)
+            files.profile = self.profile
+            files.notes = [n for n in files.notes if not n.startswith(files.profile_path.name)]
         self.files = files
-        names = ", ".join(p.name for p in message.written)
-        self.notify(f"saved {names} (previous versions kept as .bak)"
+        self.notify(f"saved {', '.join(sorted(names))} (previous versions kept as .bak)"
                     + "".join(f"\n{n}" for n in message.notes),
                     severity="warning" if message.notes else "information")
-        self._show_status()
-        self._show_diff()
+        self._changed(now=True)
 
     # -------------------------------------------------------------------------------- edits
 
@@ -348,15 +408,15 @@ class ConfigScreen(ConsoleScreen):
         spec = FIELDS.get(event.input.name or "")
         if spec is None or self.files is None or self.profile is None:
             return
+        filled = self._filling.get(spec.key)
+        if filled and event.value in filled:
+            del filled[:filled.index(event.value) + 1]
+            return  # the screen filled this value in itself: not an edit
         if spec.kind == "ds":
-            doc = dsconfig.parse(self.ds_text, self.files.ds_path.name)
-            if doc.data is None or event.value == shown_value(doc, spec.key):
-                return  # the text already says this (the form was filled from it)
-            text = set_value(doc, spec.key, literal_of(event.value))
-            if text != self.ds_text:
-                self.ds_text = text
-                self.query_one("#json-text", TextArea).text = text
-                self._changed()
+            literal = literal_of(event.value)
+            if literal is None and event.input.has_focus:
+                return  # cleared to type anew: the key goes only if it is left blank (blur)
+            self._set_json_value(spec.key, literal, event.value)
             return
         self.profile_issues.pop(spec.key, None)
         current = self.profile.get(spec.key)
@@ -372,6 +432,26 @@ class ConfigScreen(ConsoleScreen):
                 self._start_data_check()
         self._changed()
 
+    @on(Input.Blurred)
+    def _field_left(self, event: Input.Blurred) -> None:
+        """A DeepSpeed field left blank: its key is removed from the JSON."""
+        spec = FIELDS.get(event.input.name or "")
+        if spec is not None and spec.kind == "ds" and not event.value.strip():
+            self._set_json_value(spec.key, None, event.value)
+
+    def _set_json_value(self, key: str, literal: str | None, typed: str) -> None:
+        """A form edit: only that value's characters change in the JSON (its key stays in
+        its place; a new key goes at the end of its object)."""
+        if self.files is None:
+            return
+        doc = dsconfig.parse(self.ds_text, self.files.ds_path.name)
+        if doc.data is None or typed == shown_value(doc, key):
+            return  # the text already says this (the form was filled from it)
+        text = set_value(doc, key, literal)
+        if text != self.ds_text:
+            self._edit_json(text)
+            self._changed()
+
     @on(TextArea.Changed, "#json-text")
     def _json_changed(self, event: TextArea.Changed) -> None:
         text = event.text_area.text
@@ -385,23 +465,46 @@ class ConfigScreen(ConsoleScreen):
     def _diff_target_changed(self) -> None:
         self._show_diff()
 
+    def _edit_json(self, text: str) -> None:
+        """Make the editor say ``text`` by replacing only the characters that differ (a form
+        edit: its undo history, cursor and scroll stay)."""
+        area = self.query_one("#json-text", TextArea)
+        old = area.text
+        self.ds_text = text
+        start = len(os.path.commonprefix([old, text]))
+        tail = len(os.path.commonprefix([old[start:][::-1], text[start:][::-1]]))
+        doc = area.document
+        area.replace(text[start:len(text) - tail], doc.get_location_from_index(start),
+                     doc.get_location_from_index(len(old) - tail))
+
     def _fill_form(self, only: str | None = None) -> None:
         """Put the current values in the inputs (only those that differ, so focus and cursor
-        stay where they are)."""
+        stay where they are). While the JSON is invalid its fields keep the last valid JSON's
+        values, read-only, and the form says where the error is."""
         if self.files is None or self.profile is None:
             return
         doc = dsconfig.parse(self.ds_text, self.files.ds_path.name)
+        if doc.data is not None:
+            self._valid_doc, self._json_error = doc, None
+        else:
+            bad = doc.findings[0] if doc.findings else None
+            self._json_error = (f"JSON has an error at line {bad.line}: {bad.message}"
+                                if bad and bad.line else "JSON has an error: "
+                                + (bad.message if bad else "not an object"))
+        shown = doc if doc.data is not None else self._valid_doc
         for key, row in self._rows.items():
             spec = row.spec
             if only and spec.kind != only:
                 continue
             if spec.kind == "ds":
-                value = shown_value(doc, key)
+                value = shown_value(shown, key) if shown is not None else ""
                 row.input.disabled = doc.data is None
             else:
                 value = shown_profile_value(self.profile.get(key))
             if row.input.value != value and not (row.input.has_focus and spec.kind == "profile"):
+                self._filling.setdefault(key, []).append(value)
                 row.input.value = value
+        self._show_general()
 
     def _changed(self, now: bool = False) -> None:
         """Something changed: validate again, now or after the debounce delay."""
@@ -426,6 +529,8 @@ class ConfigScreen(ConsoleScreen):
                           "type a value of the field's type", None, None,
                           self.files.profile_path.name)
                   for key, message in self.profile_issues.items()]
+        if self.files.ds_saved is None and self.files.shipped is not None:
+            extra += self.files.shipped.findings()  # as svconsole validate says it
         self.validate(self.ds_text, self.files.ds_path.name, self.profile, self.spec, extra,
                       self._generation)
 
@@ -471,13 +576,12 @@ class ConfigScreen(ConsoleScreen):
                          ": its checks did not run")
         if self.spec is not None:
             age = f", {age_text(time.time() - self._facts_at)}" if self._facts_at else ""
-            parts.append(f"world size {self.spec.world_size} on {len(self.spec.nodes)} node(s) "
-                         f"({self._facts_source}{age})")
+            parts.append(f"{self.spec.describe()} ({self._facts_source}{age})")
         else:
             parts.append(self._facts_source)
         if self.files is not None:
             dirty = []
-            if self.ds_text != self.files.ds_saved:
+            if self._ds_changed(self.files, self.ds_text) or self.files.ds_saved is None:
                 dirty.append(self.files.ds_path.name)
             if self.files.profile_saved is None or self.profile != self.files.profile:
                 dirty.append(self.files.profile_path.name)
@@ -495,8 +599,8 @@ class ConfigScreen(ConsoleScreen):
             (by_field[key] if key else general).append(finding)
         for key, row in self._rows.items():
             row.show(by_field[key])
-        self.query_one("#form-general", Static).update(
-            Text("\n").join(finding_text(f) for f in general))
+        self._general = general
+        self._show_general()
         json_found = [f for f in report.findings if f.layer == "json"
                       and f.file == (self.files.ds_path.name if self.files else None)]
         self.query_one("#json-findings", Static).update(
@@ -516,6 +620,20 @@ class ConfigScreen(ConsoleScreen):
             parts.append(Text("no estimate (see the findings above)", style="dim"))
         self.query_one("#report-text", Static).update(Text("\n").join(parts))
         self._show_status()
+
+    def _show_general(self) -> None:
+        """The findings of no field, under the JSON's error when there is one."""
+        parts = [finding_text(f) for f in self._general]
+        if self._json_error:
+            parts.insert(0, Text(f"{self._json_error} (the form shows the last valid JSON; fix "
+                                 "it in the JSON tab, F3)", style="bold red"))
+        self.query_one("#form-general", Static).update(Text("\n").join(parts))
+
+    @staticmethod
+    def _ds_changed(files: ConfigFiles, text: str) -> bool:
+        """Whether ``text`` differs from the saved JSON (a new file differs from nothing only
+        when edited: saving the shipped text as it is still writes it)."""
+        return text != (files.ds_saved if files.ds_saved is not None else files.ds_text)
 
     def _show_diff(self) -> None:
         if self.files is None:
@@ -561,17 +679,76 @@ class ConfigScreen(ConsoleScreen):
         self._show_status()
 
     def action_save(self) -> None:
+        """Write the files whose values changed; a file changed on disk since it was read asks
+        first (reload theirs / overwrite with mine / three-way diff), errors ask too."""
+        if self.files is None or self.profile is None:
+            return
+        files = self.files
+        valid = dsconfig.parse(self.ds_text, files.ds_path.name).data is not None
+        save_ds = valid and (files.ds_saved is None or self.ds_text != files.ds_saved)
+        save_pf = files.profile_saved is None or self.profile != files.profile
+        if not (save_ds or save_pf or self.profile_issues or self._ds_changed(files,
+                                                                              self.ds_text)):
+            self.notify("nothing to save: no value changed")
+            return
+        outside = [path for path in files.outside_edits()
+                   if (path == files.ds_path and save_ds) or (path == files.profile_path
+                                                              and save_pf)]
+        if not outside:
+            self._confirm_and_write(save_ds, save_pf)
+            return
+        diff = ""
+        for path in outside:
+            try:
+                theirs: str | None = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                theirs = None
+            if path == files.ds_path:
+                diff += three_way_diff(path.name, files.ds_saved, theirs, self.ds_text)
+            else:
+                diff += three_way_diff(path.name, files.profile_saved, theirs,
+                                       profile_text(self.profile, files.profile_saved))
+
+        def chosen(choice: OutsideChoice | None) -> None:
+            if choice == "reload":
+                self._reload_theirs(outside)
+            elif choice == "overwrite":
+                self._confirm_and_write(save_ds, save_pf)
+
+        self.app.push_screen(OutsideEdit([p.name for p in outside], diff), chosen)
+
+    def _reload_theirs(self, paths: list[Path]) -> None:
+        """Read these files again from disk, dropping this screen's edits of them; edits of
+        the other file stay (unsaved)."""
+        if self.files is None or self.profile is None:
+            return
+        mine, fresh = self.files, read_files(self.console.cluster, self.spec)
+        if mine.ds_path not in paths:
+            fresh.ds_text, fresh.ds_saved, fresh.ds_stamp, fresh.shipped = (
+                self.ds_text, mine.ds_saved, mine.ds_stamp, mine.shipped)
+        if mine.profile_path not in paths:
+            fresh.profile, fresh.profile_saved, fresh.profile_stamp = (
+                mine.profile, mine.profile_saved, mine.profile_stamp)
+        profile = self.profile if mine.profile_path not in paths else fresh.profile
+        issues = dict(self.profile_issues) if mine.profile_path not in paths else {}
+        self._use_files(fresh)
+        self.profile, self.profile_issues = profile, issues
+        self._fill_form()
+        self._changed(now=True)
+        self.notify(f"reloaded {', '.join(p.name for p in paths)} from disk")
+
+    def _confirm_and_write(self, save_ds: bool, save_pf: bool) -> None:
         if self.files is None or self.profile is None:
             return
         files, text, profile = self.files, self.ds_text, self.profile
-        save_ds = dsconfig.parse(text, files.ds_path.name).data is not None
-        notes = [] if save_ds else [f"{files.ds_path.name} is not valid JSON and cannot be "
-                                    "saved: only the training profile would be written"]
+        notes = [] if save_ds or not self._ds_changed(files, text) else [
+            f"{files.ds_path.name} is not valid JSON and cannot be saved: only the training "
+            "profile would be written"]
         notes += [f"{files.profile_path.name}: {key}: the last valid value "
                   f"({shown_profile_value(profile.get(key))}) is saved, not what is typed"
                   for key in self.profile_issues]
-        if self.report is not None and self.report.ok and save_ds and not self.profile_issues:
-            self.write_files(files, text, profile, save_ds)
+        if self.report is not None and self.report.ok and not notes:
+            self.write_files(files, text, profile, save_ds, save_pf)
             return
         errors = self.report.errors if self.report else []
         if self.report is None:
@@ -579,7 +756,7 @@ class ConfigScreen(ConsoleScreen):
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.write_files(files, text, profile, save_ds)
+                self.write_files(files, text, profile, save_ds, save_pf)
 
         self.app.push_screen(ConfirmSave(errors, notes), answered)
 

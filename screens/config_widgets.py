@@ -8,6 +8,8 @@ form does not know stay as they are, and the diff against the saved file shows j
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -15,12 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.suggester import SuggestFromList
-from textual.widgets import Input, Label, Static
+from textual.widgets import Input, Label, Static, TextArea
 
 from console.training import dsconfig
 from console.training.profile import (
@@ -35,10 +38,6 @@ from console.training.profile import (
 if TYPE_CHECKING:
     from console.cluster.model import Cluster
     from console.training.dsconfig import Finding
-
-#: The DeepSpeed JSON the Config screen edits, beside cluster.yaml.
-#: The preset a missing DeepSpeed JSON starts from: the seed guide's ZeRO-1 bf16 config.
-SEED_PRESET = "seed_zero1_bf16"
 
 Kind = Literal["ds", "profile"]
 
@@ -309,13 +308,45 @@ def shown_profile_value(value: Any) -> str:
 # The files
 
 
+@dataclass(frozen=True)
+class FileStamp:
+    """What a file held when it was read: its content hash and mtime (``None``: no file)."""
+
+    sha256: str | None
+    mtime: float | None = None
+
+    @classmethod
+    def of_text(cls, path: Path, text: str | None) -> FileStamp:
+        if text is None:
+            return cls(None)
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            mtime = None
+        return cls(hashlib.sha256(text.encode()).hexdigest(), mtime)
+
+    @classmethod
+    def of(cls, path: Path) -> FileStamp:
+        """The file as it is now."""
+        try:
+            return cls.of_text(path, path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            return cls(None)
+
+    def changed(self, path: Path) -> bool:
+        """Whether the file no longer holds what was read (its content; the mtime alone, as
+        from ``touch``, is no change)."""
+        return FileStamp.of(path).sha256 != self.sha256
+
+
 @dataclass
 class ConfigFiles:
     """The DeepSpeed JSON and the training profile the screen edits, as read from disk.
 
     ``ds_saved`` / ``profile_saved`` are the texts on disk (``None``: no file yet: the JSON
-    starts from the seed preset, the profile from the packaged default); ``profile_problem``
-    says why an existing profile could not be used.
+    starts from what launch would ship, ``shipped``, the profile from the packaged default);
+    ``ds_stamp`` / ``profile_stamp`` what the files held when read (a save compares them with
+    the disk); ``profile_problem`` says why an existing profile could not be used.
     """
 
     ds_path: Path
@@ -326,11 +357,22 @@ class ConfigFiles:
     profile_saved: str | None
     profile_problem: str | None = None
     notes: list[str] = field(default_factory=list)
+    shipped: dsconfig.ShippedJSON | None = None
+    ds_stamp: FileStamp = FileStamp(None)
+    profile_stamp: FileStamp = FileStamp(None)
+
+    def outside_edits(self) -> list[Path]:
+        """The files changed on disk since they were read (by an editor, another console)."""
+        return [path for path, stamp in ((self.ds_path, self.ds_stamp),
+                                         (self.profile_path, self.profile_stamp))
+                if stamp.changed(path)]
 
 
-def read_files(cluster: Cluster) -> ConfigFiles:
+def read_files(cluster: Cluster, spec: dsconfig.ClusterSpec | None = None) -> ConfigFiles:
     """Read the JSON and the profile beside cluster.yaml (the current directory for the
-    embedded default); nothing is written."""
+    embedded default); nothing is written. A missing JSON starts from what launch would ship
+    (``dsconfig.shipped_json``: the profile's deepspeed_config, else the default preset for
+    ``spec``), as ``svconsole validate`` checks it."""
     ds_path = ds_config_path_for(cluster.path)
     ds_saved = ds_path.read_text(encoding="utf-8") if ds_path.exists() else None
     profile_path = profile_path_for(cluster.path)
@@ -342,14 +384,31 @@ def read_files(cluster: Cluster) -> ConfigFiles:
             profile = load_profile(profile_path)
         except ProfileError as exc:
             problem = str(exc)
-    notes = []
-    if ds_saved is None:
-        notes.append(f"{ds_path.name} is new, from the {SEED_PRESET} preset")
+    try:
+        shipped = dsconfig.shipped_json(ds_path, profile, spec)
+    except (OSError, UnicodeDecodeError):
+        name, why = dsconfig.default_preset(spec)
+        shipped = dsconfig.ShippedJSON(ds_path, dsconfig.preset_text(name), "preset", None,
+                                       name, why)
+    notes = [shipped.note] if shipped.note else []
     if profile_saved is None:
         notes.append(f"{profile_path.name} is new, from the default profile")
-    return ConfigFiles(ds_path, ds_saved if ds_saved is not None
-                       else dsconfig.preset_text(SEED_PRESET), ds_saved, profile_path, profile,
-                       profile_saved, problem, notes)
+    return ConfigFiles(ds_path, ds_saved if ds_saved is not None else shipped.text, ds_saved,
+                       profile_path, profile, profile_saved, problem, notes, shipped,
+                       FileStamp.of_text(ds_path, ds_saved),
+                       FileStamp.of_text(profile_path, profile_saved))
+
+
+def three_way_diff(name: str, base: str | None, theirs: str | None, mine: str) -> str:
+    """What changed on disk since it was read (``base`` to ``theirs``) and what this screen
+    changed (``base`` to ``mine``), as two unified diffs of the same base."""
+    base_lines = (base or "").splitlines(keepends=True)
+    parts = []
+    for label, text in (("on disk (theirs)", theirs or ""), ("in the console (mine)", mine)):
+        diff = "".join(difflib.unified_diff(base_lines, text.splitlines(keepends=True),
+                                            f"{name} (as read)", f"{name} {label}"))
+        parts.append(diff or f"{name} {label}: no change\n")
+    return "".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -378,6 +437,40 @@ def finding_text(finding: Finding, *, full: bool = False, where: bool = False) -
             text.append(f"\n  {label}: ", style="dim bold")
             text.append(part, style="dim" if label == "why" else "")
     return text
+
+
+class JsonEditor(TextArea):
+    """The JSON tab's editor: keys take effect in the order they arrive, however fast.
+
+    A plain TextArea inserts a typed character at once, but runs its own bindings (arrows,
+    home/end, backspace...) only after the key has bubbled up to the app through every
+    ancestor's queue: in a burst (a fast typist, tmux send-keys, a busy screen) characters
+    overtake the moves before them and land elsewhere (``16{`` on line 1). Here the editor's
+    own bindings run in its key handler, in order with the characters; keys it does not bind
+    (the screen's F2-F5, ctrl+s) go on as before. ctrl+home / ctrl+end go to the start / end
+    of the text, as in other editors."""
+
+    BINDINGS = [
+        Binding("ctrl+home", "document_start", "Start of text", show=False),
+        Binding("ctrl+end", "document_end", "End of text", show=False),
+    ]
+
+    def action_document_start(self) -> None:
+        self.move_cursor((0, 0))
+
+    def action_document_end(self) -> None:
+        self.move_cursor(self.document.end)
+
+    async def _on_key(self, event: events.Key) -> None:
+        for binding in self._bindings.key_to_bindings.get(event.key, ()):
+            if binding.priority:
+                continue
+            event.stop()
+            event.prevent_default()
+            self._restart_blink()
+            await self.app.run_action(binding.action, self)
+            return
+        await super()._on_key(event)
 
 
 class FieldRow(Vertical):
@@ -421,6 +514,52 @@ class FieldRow(Vertical):
         text = Text("\n").join(finding_text(f) for f in findings)
         self.query_one(".field-findings", Static).update(text)
         self.set_class(bool(findings), "has-findings")
+
+
+OutsideChoice = Literal["reload", "overwrite"]
+
+
+class OutsideEdit(ModalScreen["OutsideChoice | None"]):
+    """A file to be saved changed on disk since it was read: reload theirs, overwrite with
+    mine, or look at the three-way diff first (escape: neither, nothing written)."""
+
+    DEFAULT_CSS = """
+    OutsideEdit { align: center middle; }
+    OutsideEdit > VerticalScroll { width: 100; max-width: 100%; height: auto; max-height: 90%;
+        border: round $warning; padding: 0 1; background: $surface; }
+    OutsideEdit #outside-diff { display: none; }
+    OutsideEdit.show-diff #outside-diff { display: block; }
+    """
+    BINDINGS = [
+        Binding("r", "answer('reload')", "Reload theirs", id="config.outside.reload"),
+        Binding("o", "answer('overwrite')", "Overwrite with mine", id="config.outside.overwrite"),
+        Binding("d", "toggle_diff", "Three-way diff", id="config.outside.diff"),
+        Binding("escape", "answer(None)", "Cancel", id="config.outside.cancel"),
+    ]
+
+    def __init__(self, changed: list[str], diff: str) -> None:
+        super().__init__()
+        self._changed, self.diff = changed, diff
+
+    def compose(self) -> ComposeResult:
+        names = " and ".join(self._changed)
+        text = Text(f"{names} changed on disk since the Config screen read "
+                    f"{'them' if len(self._changed) > 1 else 'it'}.\n", style="bold")
+        text.append("Saving now would overwrite those changes.\n\n")
+        for key, what in (("r", f"reload theirs (your edits of {names} are dropped)"),
+                          ("o", "overwrite with mine (their changes are lost; kept in .bak)"),
+                          ("d", "show / hide the three-way diff"), ("escape", "cancel")):
+            text.append(key, style="bold")
+            text.append(f": {what}\n")
+        with VerticalScroll():
+            yield Static(text)
+            yield Static(Text(self.diff), id="outside-diff")
+
+    def action_toggle_diff(self) -> None:
+        self.toggle_class("show-diff")
+
+    def action_answer(self, answer: OutsideChoice | None) -> None:
+        self.dismiss(answer)
 
 
 class ConfirmSave(ModalScreen[bool]):

@@ -169,6 +169,13 @@ async def test_bf16_on_cc_70_is_an_error_naming_the_nodes(setup, tmp_path):
     write_facts(tmp_path / "state", cc="7.0", gpu="Tesla V100-SXM2-32GB")
     async with make().run_test(size=(120, 40)) as pilot:
         screen = await open_config(pilot)
+        # the JSON offered by default trains on these GPUs: fp32, and it says why
+        assert screen.ds_text == dsconfig.preset_text("zero1_fp32")
+        assert "ds_config.json is new, from the zero1_fp32 preset (fp32: the GPUs of node0, " \
+            "node1, node2 lack bf16" in str(screen.query_one("#config-status").render())
+        assert at(screen, "bf16.enabled") == ""
+        assert not [f for f in screen.report.findings if "bf16" in f.field]
+        await type_into(pilot, screen, "bf16.enabled", "true")
         shown = at(screen, "bf16.enabled")
         assert "bf16 needs compute capability 8.0" in shown
         assert all(f"node{i} (Tesla V100-SXM2-32GB, cc 7.0)" in shown for i in range(3))

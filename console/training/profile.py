@@ -132,6 +132,11 @@ class TrainingProfile:
             key = key.rpartition(".")[0]
         return None
 
+    def changed_keys(self, other: TrainingProfile) -> list[str]:
+        """The dotted keys whose values differ in ``other`` (``extra.<key>`` for overrides)."""
+        mine, theirs = dict(_flatten(self.to_dict())), dict(_flatten(other.to_dict()))
+        return [k for k in {**mine, **theirs} if mine.get(k) != theirs.get(k)]
+
     def to_dict(self) -> dict[str, Any]:
         """The file's content as plain data."""
         data = dataclasses.asdict(self)
@@ -276,9 +281,7 @@ def profile_text(profile: TrainingProfile, existing: str | None = None) -> str:
     _yaml().dump(doc, out)
     if before is None:
         return out.getvalue()
-    old_values, new_values = dict(_flatten(before.to_dict())), dict(_flatten(profile.to_dict()))
-    changed = {k for k in old_values.keys() | new_values.keys()
-               if old_values.get(k) != new_values.get(k)}
+    changed = set(before.changed_keys(profile))
     touched = {lines[k] - 1 for k in lines
                if k in changed or any(c.startswith(k + ".") for c in changed)}
     return _merge_lines(existing, out.getvalue(), touched)
