@@ -12,6 +12,7 @@ import argparse
 import getpass
 import importlib
 import os
+import signal
 import sys
 import threading
 from functools import cached_property
@@ -29,6 +30,10 @@ COMMANDS = ("nodes", "exec", "check", "setup", "verify", "validate", "launch", "
             "logs", "metrics", "plan", "gpus", "hostfile", "exporter", "stacks", "watch")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: Ctrl-C, and the reader of the output gone (what a shell reports for a program SIGPIPE ended).
+EXIT_INTERRUPTED, EXIT_PIPE = 130, 128 + signal.SIGPIPE
+#: Seconds a command that ends early (Ctrl-C, closed pipe) may take to clean up.
+STOP_GRACE = 5.0
 
 
 def state_dir() -> Path:
@@ -112,28 +117,167 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _QuietEnding:
+    """How a headless command ends early, quietly: on Ctrl-C (status 130), or when the reader
+    of its output is gone (``svconsole runs | head -1``: status 141, as for a program that
+    SIGPIPE ended).
+
+    ``sys.stdout`` and ``sys.stderr`` are guarded while the command runs: the first write to a
+    closed pipe points that stream at /dev/null and starts the ending. From then on nothing more
+    is printed, the pool is closed in the background (so threads waiting on the nodes return),
+    the main thread gets a KeyboardInterrupt, and if the cleanup takes longer than
+    ``STOP_GRACE`` s the process ends anyway. A second Ctrl-C ends it at once. SIGPIPE itself
+    stays ignored, as Python sets it: a dropped SSH socket must never kill the console."""
+
+    def __init__(self) -> None:
+        self.ctx: Context | None = None
+        self.reason: str | None = None  # "interrupt" or "pipe", once ending
+        self._lock = threading.Lock()
+        self._saved: tuple[TextIO, TextIO, object] | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_PIPE if self.reason == "pipe" else EXIT_INTERRUPTED
+
+    def install(self) -> None:
+        handler: object = None
+        if threading.current_thread() is threading.main_thread():
+            handler = signal.signal(signal.SIGINT, self._on_sigint)
+        self._saved = (sys.stdout, sys.stderr, handler)
+        sys.stdout = _GuardedStream(sys.stdout, self)  # type: ignore[assignment]
+        sys.stderr = _GuardedStream(sys.stderr, self)  # type: ignore[assignment]
+
+    def uninstall(self) -> None:
+        if self._saved is None:
+            return
+        sys.stdout, sys.stderr, handler = self._saved
+        self._saved = None
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)  # type: ignore[arg-type]
+
+    def flush(self) -> None:
+        """Flush what the command printed (a closed pipe found here ends as any other)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+    def begin(self, reason: str) -> bool:
+        """Start ending (once): False when it had started already."""
+        with self._lock:
+            if self.reason is not None:
+                return False
+            self.reason = reason
+        if self.ctx is not None:
+            threading.Thread(target=self.ctx.close, name="close the pool", daemon=True).start()
+        timer = threading.Timer(STOP_GRACE, os._exit, args=(self.exit_code,))
+        timer.daemon = True
+        timer.start()
+        return True
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        if not self.begin("interrupt") and self.reason == "interrupt":
+            os._exit(EXIT_INTERRUPTED)  # the second Ctrl-C: no more waiting
+        raise KeyboardInterrupt
+
+    def pipe_closed(self) -> None:
+        """A guarded stream found its pipe closed (on any thread)."""
+        if not self.begin("pipe"):
+            return
+        if threading.current_thread() is threading.main_thread():
+            raise KeyboardInterrupt  # unwinds the command, whatever it catches
+        if self._saved is not None and self._saved[2] is not None:
+            # wake the main thread wherever it waits; _on_sigint raises there
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+
+class _GuardedStream:
+    """A text stream that a closed pipe ends quietly (see :class:`_QuietEnding`)."""
+
+    def __init__(self, stream: TextIO, ending: _QuietEnding) -> None:
+        self._stream = stream
+        self._ending = ending
+
+    def write(self, text: str) -> int:
+        if self._ending.reason is None:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._closed()
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if self._ending.reason is None:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._closed()
+
+    def _closed(self) -> None:
+        silence(self._stream)
+        self._ending.pipe_closed()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def silence(stream: TextIO) -> None:
+    """Point ``stream``'s file descriptor at /dev/null, so that what is still buffered for a
+    closed pipe is flushed there at exit instead of raising again."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before a command started (imports, the parser)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--version"]:  # fast path: nothing heavy imported
         print(f"svconsole {__version__}")
         return EXIT_OK
     parser = build_parser()
     args = parser.parse_args(argv)
+    # the interactive console owns the terminal (and its keys) itself
+    ending = _QuietEnding() if args.command is not None else None
+    if ending is not None:
+        ending.install()
     ctx = Context(args.config)
     ctx.gpu_simulate = args.simulate_gpus
     from console.cluster.model import ClusterConfigError
 
     try:
-        if args.command is None:
+        if ending is None:
             return run_tui(ctx)
-        return int(args.func(args, ctx) or 0)
+        ending.ctx = ctx
+        code = int(args.func(args, ctx) or 0)
+        ending.flush()
+        return code
     except ClusterConfigError as exc:
         print(f"svconsole: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return ending.exit_code if ending is not None else EXIT_INTERRUPTED
+    except BrokenPipeError:  # written past the guards (a stream's own buffer)
+        silence(sys.stdout)
+        return EXIT_PIPE
     finally:
         ctx.close()
+        if ending is not None:
+            ending.uninstall()
 
 
 def run_tui(ctx: Context) -> int:
