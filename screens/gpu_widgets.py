@@ -69,7 +69,8 @@ def bar(pct: float | None, width: int, style: str) -> Text:
 
 def sparkline(values: Sequence[float | None], width: int, *, top: float = 100.0) -> str:
     """The last ``width`` values as block characters scaled to ``top`` (blank where not read),
-    right-aligned so that the newest value is always at the end."""
+    oldest first and starting at the left, so that a short history sits next to its bar and
+    grows to the right (the newest value is the last glyph)."""
     if width <= 0:
         return ""
     chars = []
@@ -78,7 +79,7 @@ def sparkline(values: Sequence[float | None], width: int, *, top: float = 100.0)
             chars.append(" ")
         else:
             chars.append(SPARKS[min(len(SPARKS) - 1, max(0, int(v / top * len(SPARKS))))])
-    return "".join(chars).rjust(width)
+    return "".join(chars).ljust(width)
 
 
 def short_name(name: str, width: int) -> str:
@@ -169,7 +170,8 @@ def _gpu_line(view: NodeView, g: GPUView, width: int) -> Text:
     fixed = 3 + 5 + 5 + 1 + 5 + 5 + len(tail)    # index, "util ", pct, " ", " mem ", pct
     room = max(12, width - fixed)
     bar_w = max(4, min(20, room // 3))
-    spark_w = max(0, room - 2 * bar_w)
+    spark_w = max(0, min(SPARK_MAX, room - 2 * bar_w))
+    pad = max(0, room - 2 * bar_w - spark_w)   # a wide panel: the rest goes after the memory
     line = Text(f"{r.index:>2} ", style="bold")
     line.append("util ")
     line.append_text(bar(r.util_gpu, bar_w, util_style))
@@ -178,6 +180,7 @@ def _gpu_line(view: NodeView, g: GPUView, width: int) -> Text:
     line.append(" mem ")
     line.append_text(bar(r.mem_pct, bar_w, mem_style))
     line.append(f"{_num(r.mem_pct, '.0f', '%'):>5}", style=mem_style)
+    line.append(" " * pad)
     line.append_text(tail)
     return line
 

@@ -126,3 +126,21 @@ def test_setup_phases_are_lettered_not_numbered():
     lines = [line for line in PhaseChecklist.text_of(Standing()).plain.splitlines()
              if "○" in line]
     assert [line.split()[0] for line in lines] == list("ABCDEFGHIJ"[:len(PHASES)])
+
+
+def test_gpu_sparkline_sits_next_to_its_bar_at_160_columns():
+    """Seen: at 160 columns the sparklines sat far to the right of their bars."""
+    from test_gpus_screen import sim_sample
+
+    from console.gpu.telemetry import NodeStatus, judge_gpu
+    from screens.gpu_widgets import SPARKS, GPUView, NodeView, _gpu_line
+
+    sample = sim_sample(0, gpus=1)
+    g = sample.gpus[0]
+    history = (60.0, 70.0, 80.0)                   # a few seconds of history so far
+    view = GPUView(g, judge_gpu(g, in_run=True), history, history)
+    line = _gpu_line(NodeView("node0", NodeStatus.LIVE, gpus=(view,), in_run=True), view,
+                     156).plain
+    bar_end = line.index("%") + 1                  # the utilisation bar and its percentage
+    first_spark = min(line.index(ch) for ch in SPARKS if ch in line[bar_end:])
+    assert first_spark - bar_end <= 2, line
