@@ -155,7 +155,7 @@ def test_ipv6_jump_hosts_parse_once_the_same_everywhere(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- real sshd
 
 
-def two_hop_setup(lb: LoopbackCluster, tmp_path: Path) -> tuple[Path, Path]:
+def two_hop_setup(lb: LoopbackCluster, tmp_path: Path, timeout: float = 5) -> tuple[Path, Path]:
     """node0 = jump1, node1 = jump2 (behind jump1), node2/node3 = nodes behind both; node3 takes
     only its own key, named only in its Host block. Returns (cluster.yaml, own known_hosts)."""
     key2 = tmp_path / "id_node3"
@@ -195,7 +195,7 @@ Host *
     own = tmp_path / "own_known_hosts"
     path = write_cluster(tmp_path, [("n2", "n2"), ("n3", "n3"), ("n2b", "n2-default-user")],
                          f"config_file: {tmp_path / 'ssh_config'}\nknown_hosts: {own}\n"
-                         "connect_timeout: 5")
+                         f"connect_timeout: {timeout}")
     return path, own
 
 
@@ -269,6 +269,25 @@ def test_jump_host_down_is_named_not_auth_failed(fresh_loopback, tmp_path, monke
         assert pool.status("jump1").state == NodeState.DOWN
         lb.restart(0)
         assert pool.ping("n2", deadline=10).state == NodeState.UP
+
+
+def test_hung_jump_host_costs_one_timeout(fresh_loopback, tmp_path, monkeypatch):
+    """A SIGSTOPped bastion: the first call behind it waits connect_timeout, the next ones fail at
+    once naming it; once it answers again, the nodes behind it are reached."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    lb = fresh_loopback(4)
+    path, _ = two_hop_setup(lb, tmp_path, timeout=2)
+    lb.hang(0)
+    with Pool(load_cluster(path)) as pool:
+        first = pool.run("n2", "true", timeout=20)
+        assert "jump host jump1 unreachable" in (first.error or ""), first
+        assert first.seconds < 2 + 2, first
+        for name in ("n2", "n3", "n2"):
+            later = pool.run(name, "true", timeout=20)
+            assert later.seconds < 0.5, later
+            assert "jump host jump1 unreachable: jump1 down since" in (later.error or ""), later
+        lb.resume(0)
+        assert pool.ping("n3", deadline=10).state == NodeState.UP
 
 
 def test_system_ssh_agrees_with_the_effective_connection(fresh_loopback, tmp_path, monkeypatch):
