@@ -362,7 +362,8 @@ class TrainingScreen(ConsoleScreen):
         "toggles one line per rank), k rank table (node, rank, last step, loss, step time, GPU "
         "memory, seconds since its last line), e events (validation, checkpoints, best model, "
         "early stopping), f faults (what, where, the evidence lines, the fix), i the run's plan. "
-        "x exports the charts as PNG and the metrics as CSV."
+        "x exports the charts as PNG and the metrics as CSV. t takes every rank's stack (py-spy, "
+        "the training not stopped) and names the ranks the others wait for."
     )
     DEFAULT_CSS = """
     TrainingScreen #train-run, TrainingScreen #train-progress, TrainingScreen #train-tabs {
@@ -398,6 +399,7 @@ class TrainingScreen(ConsoleScreen):
         Binding("r", "resume", "Resume", id="training.resume"),
         Binding("p", "toggle_per_rank", "Per-rank", id="training.per_rank"),
         Binding("x", "export", "Export", id="training.export"),
+        Binding("t", "stacks", "Stacks", id="training.stacks"),
         Binding("u", "find_runs", "Find runs", show=False, id="training.find"),
     ]
 
@@ -795,6 +797,15 @@ class TrainingScreen(ConsoleScreen):
             self.check_status(self.record)
 
     # -- charts, export
+
+    def action_stacks(self) -> None:
+        """Every rank's stack of the followed run, grouped, with the suspects (screens/stacks)."""
+        from screens.stacks import StacksScreen
+
+        if self.record is None:
+            self.notify("no run to take the stacks of", severity="warning")
+            return
+        self.app.push_screen(StacksScreen(self.console.pool, self.record))
 
     def action_toggle_per_rank(self) -> None:
         self.per_rank = not self.per_rank

@@ -90,7 +90,14 @@ class FakeRun:
                                                stdin=subprocess.DEVNULL))
             nodes.append(runs.NodeRun(node, rank, str(log), f"{own}/{node}.pid",
                                       f"{own}/{node}.exit"))
-        plan = {"nodes": [{"node": n, "node_rank": i, "nproc": 1} for i, n in enumerate(names)]}
+        hosts = {n.name: n.host for n in self.cluster.nodes}
+        plan = {"run_id": self.id, "cluster": self.cluster.name, "master": names[0],
+                "master_addr": hosts[names[0]], "master_port": int(init.rsplit(":", 1)[1]),
+                "output_dir": str(directory), "entry": "cpu-wrapper", "overrides": [],
+                "nodes": [{"node": n, "host": hosts[n], "node_rank": i, "nproc": 1,
+                           "argv": [sys.executable, str(program)], "env": {},
+                           "cwd": str(directory), "log": str(directory / "logs" / f"{n}.log")}
+                          for i, n in enumerate(names)]}
         self.record = runs.RunRecord(self.id, time.time(), self.cluster.name, str(directory),
                                      names[0], nodes, plan=plan, **_identity(self.cluster))
         self.logs = [Path(n.log) for n in nodes]
@@ -278,3 +285,71 @@ def test_stall_watch_diagnoses_a_stall_once_and_names_the_stopped_rank(
         os.kill(fake_run.procs[1].pid, signal.SIGCONT)
         pool.close()
         store.close()
+
+
+async def test_stacks_view_from_the_training_screen(fake_run: FakeRun) -> None:
+    from test_training_screen import FedApp, show
+    from textual.widgets import Collapsible, Static
+
+    from console.training.metrics import MetricsStore
+    from screens.stacks import StacksScreen
+
+    names = fake_run.cluster.names()
+    pool = Pool(fake_run.cluster)
+    app = FedApp(fake_run.cluster, pool, health_interval=None)
+    os.kill(fake_run.procs[1].pid, signal.SIGSTOP)
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            screen = await show(pilot)
+            screen.show_run(fake_run.record, MetricsStore(), "running")
+            await pilot.press("t")
+            await pilot.pause()
+            view = app.screen
+            assert isinstance(view, StacksScreen)
+            for _ in range(300):
+                if view.report is not None:
+                    break
+                await pilot.pause(0.1)
+            assert view.report is not None, "no stacks within 30 s"
+            await pilot.pause()
+            suspects = str(view.query_one("#stacks-suspects", Static).render())
+            assert f"rank 1 on {names[1]} is stopped (state T)" in suspects, suspects
+            columns = list(view.query(".stacks-group"))
+            assert len(columns) >= 2 and any(c.has_class("-suspect") for c in columns)
+            ranks = list(view.query(Collapsible))
+            assert len(ranks) == NODES and all(c.collapsed for c in ranks)
+            flagged = [c for c in ranks if c.has_class("-suspect-rank")]
+            assert len(flagged) == 1 and "state T" in flagged[0].title
+            flagged[0].collapsed = False
+            await pilot.pause()
+            assert not flagged[0].collapsed
+            await pilot.press("escape")
+            await pilot.pause()
+            assert app.screen is screen
+    finally:
+        os.kill(fake_run.procs[1].pid, signal.SIGCONT)
+        pool.close()
+
+
+def test_pyspy_setup_step_checks_installs_and_verifies(tmp_path: Path) -> None:
+    from test_steps import CLUSTER, ctx, run
+
+    from console.bringup.catalog import CATALOG
+    from console.bringup.model import SetupOptions
+    from console.cluster.model import load_cluster
+
+    (tmp_path / "cluster.yaml").write_text(CLUSTER.format(shared=tmp_path / "shared"))
+    cluster = load_cluster(tmp_path / "cluster.yaml")
+    step = CATALOG["py-spy"]
+    assert step.depends == ("python-env",)
+    here = ctx(cluster, "w1", SetupOptions(env_path=str(Path(sys.executable).parent.parent)))
+    assert run(step.check(here)[0]).returncode == 0  # this venv has it (the dev extra)
+    verified = run(step.verify(here)[0])
+    assert verified.returncode == 0 and verified.stdout.startswith("py-spy 0.")
+    bare = tmp_path / "bare-env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    fresh = ctx(cluster, "w1", SetupOptions(env_path=str(bare)))
+    assert run(step.check(fresh)[0]).returncode != 0
+    [apply] = step.apply(fresh)
+    assert "install" in apply.text and "'py-spy>=0.4'" in apply.text
+    assert apply.text.startswith(f"{bare}/bin/python -m pip install")  # into that env

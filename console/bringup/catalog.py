@@ -159,6 +159,11 @@ def _packages_check(ctx: StepContext) -> list[Command]:
 
 
 def _packages_apply(ctx: StepContext) -> list[Command]:
+    return [pip_install(ctx, _requirements(ctx))]
+
+
+def pip_install(ctx: StepContext, requirements: tuple[str, ...]) -> Command:
+    """pip install ``requirements`` into the training environment (offline options kept)."""
     options = ctx.options
     if options.env_kind == "venv" and not options.venv_with_pip:
         pip = f"{q(ctx.path(options.base_python))} -m pip --python {env_python(ctx)}"
@@ -169,8 +174,32 @@ def _packages_apply(ctx: StepContext) -> list[Command]:
         words.append("--no-index")
     if options.find_links:
         words += ["--find-links", shell_path(ctx.path(options.find_links))]
-    words += [q(r) for r in _requirements(ctx)]
-    return [Command(" ".join(words))]
+    words += [q(r) for r in requirements]
+    return Command(" ".join(words))
+
+
+PYSPY = "py-spy>=0.4"
+"""What ``svconsole stacks`` needs beside the training Python (a binary wheel from PyPI)."""
+
+
+def _pyspy(ctx: StepContext) -> str:
+    return shell_path(env_path(ctx) + "/bin/py-spy")
+
+
+def _pyspy_check(ctx: StepContext) -> list[Command]:
+    return [Command(f"{_pyspy(ctx)} --version")]
+
+
+def _pyspy_verify(ctx: StepContext) -> list[Command]:
+    # py-spy attaches with ptrace: root may; others need kernel.yama.ptrace_scope 0 or the
+    # capability. Said here (not failed): the setting is the operator's to change.
+    scope = "/proc/sys/kernel/yama/ptrace_scope"
+    note = (f'if [ "$(id -u)" != 0 ] && [ -r {scope} ] && [ "$(cat {scope})" != 0 ]; then '
+            f'echo "note: kernel.yama.ptrace_scope is $(cat {scope}): py-spy cannot attach to '
+            f'the ranks as $(id -un); run: sudo sysctl -w kernel.yama.ptrace_scope=0 (persist '
+            f'in /etc/sysctl.d/10-ptrace.conf) or: sudo setcap cap_sys_ptrace+ep '
+            f'{env_path(ctx)}/bin/py-spy"; fi')
+    return [Command(f"{_pyspy(ctx)} --version && {{ {note}; }}")]
 
 
 def _env_changes(cluster: Cluster, options: SetupOptions) -> str:
@@ -468,6 +497,10 @@ STEPS: tuple[Step, ...] = (
     Step("python-packages", "Training packages (profile)", Phase.SOFTWARE,
          depends=("python-env",), changes=_packages_changes,
          check=_packages_check, apply=_packages_apply, verify=_packages_check, timeout=3600),
+    Step("py-spy", "py-spy for svconsole stacks", Phase.SOFTWARE, depends=("python-env",),
+         changes=lambda c, o: f"pip installs {PYSPY} into the training env",
+         check=_pyspy_check, apply=lambda ctx: [pip_install(ctx, (PYSPY,))],
+         verify=_pyspy_verify, timeout=900),
     Step("nfs-server", "NFS export of shared_dir (head)", Phase.SOFTWARE, targets="head",
          needs_root=True, destructive=True, changes=_nfs_server_changes,
          check=_nfs_server_check, apply=_nfs_server_apply, verify=_nfs_server_verify),

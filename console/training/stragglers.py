@@ -7,8 +7,10 @@ time went. A rank that is slow (its data, its forward, a frozen process) arrives
 all-reduce in its backward (and the all-gather in the optimizer step under ZeRO): the others
 wait there, and their ``backward_time`` / ``optim_time`` grow by that wait. So:
 
-- **wait** of a rank at a step: its backward (optim) time minus the fastest rank's at that step;
-- **busy** time: ``total_time`` minus that wait: what the rank itself spent;
+- **wait** of a rank at a step: its backward (optim, rest of the step) time minus the fastest
+  rank's at that step;
+- **busy** time: ``total_time`` minus those waits (its data_load and forward, plus the fastest
+  rank's backward, optim and rest): what the rank itself spent;
 - **straggler** (the rule Megatron-LM uses): over the last ``window`` steps that every rank
   reported (default 20, at least 5), a rank whose mean busy time is more than 1 sigma and more
   than 10% above the mean of the others, and which was the slowest at most of those steps. Its
@@ -140,22 +142,17 @@ class StepTimings:
         return sorted(shared)[-self.window:]
 
     def _busy(self, steps: list[int]) -> dict[int, list[float]]:
+        """Each rank's own time at each step: its data_load and forward, plus the fastest
+        rank's backward, optim and the rest of the step (logging, validation, checkpoints, the
+        barriers around them): whatever a rank spends beyond the fastest in those phases is
+        (or cannot be told from) waiting for the others."""
         out: dict[int, list[float]] = {r: [] for r in self._steps}
         for step in steps:
             rows = {r: s[step] for r, s in self._steps.items()}
-            fastest = {}
-            for phase in SYNC_PHASES:
-                values = [_num(t.get(phase)) for t in rows.values()]
-                fastest[phase] = min(values) if all(v is not None for v in values) else None
-            for r, t in rows.items():
-                total = _num(t.get("total_time"))
-                if total is None:
-                    total = sum(_num(t.get(p)) or 0.0 for p in PHASES)
-                for phase in SYNC_PHASES:
-                    value = _num(t.get(phase))
-                    if fastest[phase] is not None and value is not None:
-                        total -= value - fastest[phase]
-                out[r].append(total)
+            parts = {r: _parts(t) for r, t in rows.items()}
+            shared = {c: min(p[c] for p in parts.values()) for c in (*SYNC_PHASES, "rest")}
+            for r, p in parts.items():
+                out[r].append(p["data_load"] + p["forward_time"] + sum(shared.values()))
         return out
 
     def busy_means(self) -> dict[int, float]:
@@ -209,6 +206,14 @@ class StepTimings:
             if mine - other > best[3]:
                 best = (phase, mine, other, mine - other)
         return best[0], best[1], best[2]
+
+
+def _parts(timings: Mapping[str, float | None]) -> dict[str, float]:
+    """A step's phases (0 where missing) and ``rest``: total_time less the phases."""
+    parts = {p: _num(timings.get(p)) or 0.0 for p in PHASES}
+    total = _num(timings.get("total_time"))
+    parts["rest"] = max(0.0, total - sum(parts.values())) if total is not None else 0.0
+    return parts
 
 
 def _num(value: object) -> float | None:
