@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -147,6 +148,21 @@ def test_ipv6_jump_hosts_parse_once_the_same_everywhere(tmp_path: Path) -> None:
             assert hop.address.startswith(f"{user or hop.user}@")
             if ":" in host:
                 assert f"@[{host}]:{port}" in hop.address
+    # a node's host goes through the same parser: brackets off, a port in it is the node's port
+    cluster = parse_cluster("ssh:\n  use_ssh_config: false\nnodes:\n"
+                            "  - name: a\n    host: '[fd00::1]:2222'\n"
+                            "  - name: b\n    host: '[fd00::2]'\n  - name: c\n    host: fd00::3\n")
+    with Pool(cluster) as pool:
+        a, b, c = (pool.endpoint(n) for n in "abc")
+        assert a is not None and (a.host, a.port, a.host_key_name) == ("fd00::1", 2222,
+                                                                       "[fd00::1]:2222")
+        assert a.describe().endswith("@[fd00::1]:2222")
+        assert b is not None and (b.host, b.port, b.host_key_name) == ("fd00::2", 22, "fd00::2")
+        assert c is not None and (c.host, c.port) == ("fd00::3", 22)
+    for host, message in (("'[fd00::1]:22'\n    port: 23", "nodes[0].port: 23 contradicts"),
+                          ("'[fd00::1'", "nodes[0].host: must be a host name or IP address")):
+        with pytest.raises(ClusterConfigError, match=re.escape(message)):
+            parse_cluster(f"nodes:\n  - name: a\n    host: {host}\n")
     bad = "ssh:\n  jump_host: '[fd00::1'\nnodes:\n  - name: a\n    host: h\n"
     with pytest.raises(ClusterConfigError, match=r"cluster.yaml:2:\d+: ssh.jump_host: must be"):
         parse_cluster(bad)

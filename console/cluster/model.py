@@ -653,6 +653,23 @@ def _check_nodes(
             else:
                 seen_names[name] = i
         port = v.get("port", ssh.port)
+        if "host" in v and ("[" in v["host"] or v["host"].count(":") == 1):
+            # "[fd00::1]", "[fd00::1]:2222", "10.0.0.5:2222": the one address parser splits them
+            try:
+                spec = parse_jump_host(v["host"])
+                if spec.user:
+                    raise ValueError
+            except ValueError:
+                c.add(_value_pos(item, "host"), f"{path}.host",
+                      f"must be a host name or IP address (IPv6 in brackets, optionally "
+                      f"with :port), got {_describe(v['host'])}")
+            else:
+                v["host"] = spec.host
+                if spec.port_given:
+                    if "port" in v and v["port"] != spec.port:
+                        c.add(_value_pos(item, "port"), f"{path}.port",
+                              f"{v['port']} contradicts the port in host ({spec.port})")
+                    v["port"] = port = spec.port
         if "host" in v and not local:
             address = (v["host"].lower(), port)
             if address in seen_addresses:
@@ -675,7 +692,8 @@ def _check_nodes(
                 head = i
         if len(c.issues) == count:
             origins = tuple(
-                (key, f"{Path(c.source).name}:{_value_pos(item, key)[0]} {path}.{key}")
+                (key, f"{Path(c.source).name}:"  # a port written in host: host's line
+                      f"{_value_pos(item, key if key in item else 'host')[0]} {path}.{key}")
                 if key in v
                 else (key, ssh.origin(key) or "")
                 for key in ("host", "port", "user", "identity_file")
