@@ -376,7 +376,7 @@ class SetupScreen(ConsoleScreen):
     def _check_sudo(self, runner: Runner) -> None:
         by_id = {s.id: s for s in runner.steps}
         nodes = sorted({n for (s, n) in runner.cells if by_id[s].needs_root})
-        if not nodes or self.secret.known:
+        if not nodes or (self.secret.known and not self._refused(nodes)):
             self._start(runner)
             return
         self._pending = runner
@@ -398,9 +398,12 @@ class SetupScreen(ConsoleScreen):
         if runner is None:
             return
         need = [n for n, mode in message.modes.items() if mode == "password"]
-        if not need or self.secret.known:
+        refused = self._refused(need)
+        if not need or (self.secret.known and not refused):
             self._start(runner)
             return
+        if refused:
+            self._status(f"sudo refused the password on {', '.join(refused)}: type it again")
 
         def given(ok: bool | None) -> None:
             if ok:
@@ -409,6 +412,10 @@ class SetupScreen(ConsoleScreen):
                 self._status("run cancelled: sudo needs a password on " + ", ".join(need))
 
         self.app.push_screen(PasswordModal(self.secret, need), given)
+
+    def _refused(self, nodes: list[str]) -> list[str]:
+        """The nodes whose sudo refused the password this screen holds (never sent again)."""
+        return [n for n in nodes if self.console.pool.sudo_refused(n)]
 
     def _start(self, runner: Runner) -> None:
         assert self.standing is not None

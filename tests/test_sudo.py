@@ -12,6 +12,8 @@ password user's second node prints a login banner on stdout and stderr for every
   program on stdin); NOPASSWD runs them without asking anyone; the user without sudo is told so.
 - The password never appears in ``ps``, in svconsole's logs and summaries, in sshd's logs, in
   sudo's log, in the user's home, or in Python's log records.
+- The Setup screen asks again after sudo refused its password (instead of sending it again),
+  and the right one then runs the steps.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_setup_screen import pane_text, settle, status  # tests/ is on sys.path (conftest.py)
 
 from console.bringup import Runner, StepState
 from console.bringup.catalog import edit
@@ -237,3 +240,51 @@ def test_user_without_sudo_is_told_so(users, clusters, tmp_path) -> None:
         assert "not in the sudoers file" in detail
     assert plain.ok and plain.stdout.strip().endswith(users.none)
     assert not list(users.root_dir.glob("none-*"))
+
+
+async def test_setup_screen_asks_again_after_sudo_refused_the_password(users, clusters, tmp_path,
+                                                                       monkeypatch) -> None:
+    from console.bringup import SetupOptions
+    from screens.app import SVConsoleApp
+    from screens.setup import SetupScreen
+    from screens.setup_widgets import PasswordModal
+
+    monkeypatch.setenv("SVCONSOLE_STATE_DIR", str(tmp_path / "state"))
+    cluster = load_cluster(clusters["pw"].cluster_yaml)
+    steps = root_steps(users, "tui")
+    pool = Pool(cluster)
+    app = SVConsoleApp(cluster, pool, health_interval=None)
+    before = (users.sudo_log.read_text().count("incorrect password attempt")
+              if users.sudo_log.exists() else 0)
+
+    async def modal(pilot) -> None:
+        for _ in range(300):
+            await pilot.pause(0.1)
+            if isinstance(app.screen, PasswordModal):
+                return
+        raise AssertionError(f"no password dialog: {status(screen)}")
+
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            screen = SetupScreen(options=SetupOptions(), steps=steps)
+            await app.push_screen(screen)
+            await settle(pilot, screen)
+            screen._check_sudo(screen._runner(steps))  # as after the operator confirmed
+            await modal(pilot)
+            await pilot.press(*WRONG, "enter")
+            await settle(pilot, screen, timeout=60)
+            assert {screen.standing.state(s.id, n) for s in steps for n in cluster.names()} \
+                == {StepState.FAILED}
+            assert "wrong password" in pane_text(screen)
+            screen._check_sudo(screen._runner(steps))
+            await modal(pilot)  # asked again: the refused password is not sent a second time
+            assert "refused the password on node0, node1: type it again" in status(screen)
+            await pilot.press(*PASSWORD, "enter")
+            await settle(pilot, screen, timeout=60)
+            assert {screen.standing.state(s.id, n) for s in steps for n in cluster.names()} \
+                == {StepState.DONE}
+            assert PASSWORD not in pane_text(screen) and WRONG not in pane_text(screen)
+    finally:
+        pool.close()
+    assert users.sudo_log.read_text().count("incorrect password attempt") == before + 2
+    assert (users.root_dir / "tui-node1.conf").stat().st_uid == 0

@@ -918,6 +918,16 @@ class Pool:
             peer.sudo_refused[digest] = why
             raise _Failure(why)
 
+    def sudo_refused(self, node: str) -> str | None:
+        """Why sudo on ``node`` refused the password the ``sudo_password`` callable gives now
+        (None: not refused there, not tried yet, or no password), so that a screen can ask for
+        another instead of reusing it. Asks nothing of the node."""
+        password = self._sudo_password() if self._sudo_password is not None else None
+        if not password:
+            return None
+        digest = hashlib.sha256(self._sudo_salt + password.encode()).digest()
+        return self._peer(node).sudo_refused.get(digest)
+
     def sudo_mode(self, node: str, *, timeout: float = 30.0) -> str:
         """How root commands run on ``node`` (one of :data:`SUDO_MODES`), asked once per
         connection with :data:`SUDO_PROBE`. Raises :class:`RemoteError` when it cannot tell."""
