@@ -80,10 +80,17 @@ def _node_section(out: _Lines, node: Node, status: NodeStatus | None,
         out.pair("ssh", f"{node.user or '(local user)'}@{node.host}:{node.port}")
     else:
         out.pair("ssh", endpoint.describe(), "red" if endpoint.error else "")
+        defaults = []
         for label, value, where in endpoint.explain():
+            if where == "default":
+                defaults.append(f"{label} {value}")
+                continue
             out.text.append(f"  {label}: ", style="dim")
             out.text.append(value)
-            out.text.append(f"  ({where})\n", style="dim")
+            out.text.append("\n" if where == "HostName and Port" else f" ({where})\n",
+                            style="dim")
+        if defaults:
+            out.text.append(f"  defaults: {', '.join(defaults)}\n", style="dim")
         if endpoint.error:
             out.note(endpoint.error, "red")
     out.pair("role", node.role)

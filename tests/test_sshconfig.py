@@ -266,8 +266,9 @@ def test_effective_connection_is_shown_with_its_origins(fresh_loopback, tmp_path
         assert f"n3   {via}" in out.getvalue() and f"identity from {block}" in out.getvalue()
         text = detail_text(cluster.node("n3"), None, pool.status("n3"), None, [], time.time(),
                            pool.endpoint("n3")).plain
-    assert f"ssh: {via}" in text and f"user: {lb.user}  ({block})" in text
-    assert "via: jump1,jump2  (" in text
+    assert f"ssh: {via}" in text and f"user: {lb.user} ({block})" in text
+    assert f"via: jump1,jump2 ({tmp_path / 'ssh_config'}:15 (Host n3))" in text
+    assert "defaults: connect timeout" not in text  # cluster.yaml sets it here
 
 
 def test_jump_host_down_is_named_not_auth_failed(fresh_loopback, tmp_path, monkeypatch):
