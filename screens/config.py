@@ -266,7 +266,7 @@ class ConfigScreen(ConsoleScreen):
             except FactsCacheError as exc:
                 note = f" ({exc})"
         source = "cached facts"
-        if not any(f.gpus for f in facts.values()):
+        if not facts:  # CPU-only nodes' facts count too: their training stack is checked
             if not probe:
                 self.post_message(ClusterSpecReady(
                     None, f"no cached facts{note}: the nodes are probed once one is up "

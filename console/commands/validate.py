@@ -171,7 +171,8 @@ def _local_data(profile: TrainingProfile) -> list[Finding]:
 def _print(report: Report, spec: ClusterSpec, ctx: Context) -> None:
     out = ctx.out
     gpus = ", ".join(sorted({f"{n.gpu_name or '?'} cc {n.cc or '?'} "
-                             f"{n.memory_gib or 0:.0f} GiB" for n in spec.nodes}))
+                             f"{n.memory_gib or 0:.0f} GiB" for n in spec.nodes
+                             if n.gpu_name or n.cc}))
     if spec.source == "overrides":
         print(f"cluster ({spec.source}): {len(spec.nodes)} nodes, world size {spec.world_size}"
               f"{'; ' + gpus if gpus else ''}", file=out)
