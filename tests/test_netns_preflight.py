@@ -100,15 +100,16 @@ def test_netns_master_port_dropped_by_the_masters_firewall(netns_cluster: NetnsC
 
 def test_netns_only_ssh_and_master_port_open_on_node2(netns_cluster: NetnsCluster,
                                                       profile_file, capsys) -> None:
-    netns_cluster.open_only(2, [22, MASTER_PORT])
+    """The issue's node2 is the second node (index 1)."""
+    netns_cluster.open_only(1, [22, MASTER_PORT])
     code, reply = dry_run(netns_cluster, profile_file, capsys)
     nodes = netns_cluster.nodes
     failed = failures(reply)
-    assert code == 1 and set(failed) == {("peer ports", nodes[2])}, failed
-    message = failed[("peer ports", nodes[2])]
-    assert message.startswith(f"{nodes[2]} ({netns_cluster.node(2).address}) cannot be reached "
+    assert code == 1 and set(failed) == {("peer ports", nodes[1])}, failed
+    message = failed[("peer ports", nodes[1])]
+    assert message.startswith(f"{nodes[1]} ({netns_cluster.node(1).address}) cannot be reached "
                               f"on an ephemeral port")
-    assert f"from {nodes[0]}, {nodes[1]}: timed out" in message
+    assert f"from {nodes[0]}, {nodes[2]}: timed out" in message
     assert "master port" not in message  # it is not blamed: it was reachable
     assert all(c["ok"] for c in reply["checks"] if c["name"] == "master port reachable")
 

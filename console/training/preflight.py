@@ -371,8 +371,8 @@ def _peer_checks(target: Target, names: list[str], up: Mapping[str, dict],
             "peer ports", False,
             f"{name} ({address}) cannot be reached on an ephemeral port ({port}) from "
             f"{', '.join(o for o, _ in failed)}: {reasons}. gloo's pairs and NCCL's bootstrap "
-            f"and rings connect to such ports between every pair of nodes, so the run would "
-            f"hang after the rendezvous. Fix: accept TCP from the cluster's nodes on {name} "
+            f"and rings connect to such ports between pairs of nodes, so the run can hang "
+            f"after the rendezvous. Fix: accept TCP from the cluster's nodes on {name} "
             f"(e.g. nft add rule inet filter input ip saddr <cluster subnet> accept)", name))
     return out
 
