@@ -180,7 +180,8 @@ def test_redaction_of_names_like_token_key_secret_password() -> None:
 def test_run_record_with_env_secrets_is_0600_and_plan_output_redacted(pool, tmp_path) -> None:
     cluster = pool.cluster
     out = tmp_path / "out"
-    program = "import os, time; print('token length', len(os.environ['HF_TOKEN']), flush=True)"
+    program = ("import os; print('token length', len(os.environ['HF_TOKEN'])); "
+               "print('HF_TOKEN=' + os.environ['HF_TOKEN'], flush=True)")
     nodes = [NodePlan(n.name, n.host, rank, 1, [sys.executable, "-c", program],
                       {"PYTHONUNBUFFERED": "1", "HF_TOKEN": TOKEN}, str(out),
                       f"{out}/logs/{n.name}.log")
@@ -206,6 +207,8 @@ def test_run_record_with_env_secrets_is_0600_and_plan_output_redacted(pool, tmp_
             assert __import__("time").monotonic() < deadline, "the training never started"
             __import__("time").sleep(0.2)
         assert f"token length {len(TOKEN)}" in log.read_text()  # the training got the value
+        shown = [e.text for _n, e in read_run(pool, record, nodes=[nodes[0].node])]
+        assert f"HF_TOKEN={REDACTED}" in shown and not any(TOKEN in t for t in shown)
         listing = subprocess.run(["ps", "-eww", "-o", "args="], capture_output=True, text=True)
         assert TOKEN not in listing.stdout
         for word in listing.stdout.split():  # nor inside the node script's payload
@@ -296,7 +299,9 @@ def test_every_command_builder_quotes_hostile_values(loopback, tmp_path) -> None
         burnin_size=64, storage_mb=1)
     ran: list[str] = []
 
-    with Pool(cluster) as pool:
+    with Pool(cluster) as real:
+        pool = Recorder(real)  # every upload's place is checked at the end
+
         def run(node: str, command: Command) -> str:
             ran.append(command.text)
             result = pool.run(node, command.text, stdin=command.stdin or "", env=env, timeout=120)
@@ -360,6 +365,9 @@ def test_every_command_builder_quotes_hostile_values(loopback, tmp_path) -> None
         assert runs.run_status(pool, record).state != "running"
 
     assert len(ran) > 60
+    assert {Path(p).name for _, p in pool.puts} >= {"burnin.py", "svconsole-run.json"}
+    for path, parent in pool.put_parents.items():  # nothing at a guessable world-writable place
+        assert not parent.st_mode & stat.S_IWOTH, f"{path}: its directory is world-writable"
     assert not marker.exists() and not home_marker.exists(), "a hostile value was run"
     assert not list(tmp_path.rglob(marker.name)) and not list(Path.home().glob(marker.name))
 

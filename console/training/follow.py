@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from console.cluster.redact import redact_text
 from console.ssh.pool import Pool, Stream
 from console.subscribers import Subscribers
 from console.training.logparse import Event, LogParser
@@ -160,7 +161,7 @@ class LogFollower:
                 if kind == "L":
                     self.state = "following"
                     end, _, text = rest.partition(" ")
-                    event = self._parser.feed_line(text)
+                    event = self._parser.feed_line(redact_text(text))  # no secret shown
                     self._parser.offset = int(end)  # the node counted the bytes
                     self._on_events(self.node, [event])
                 elif kind == "H":
