@@ -579,3 +579,24 @@ def test_oom_evidence_from_a_nodes_kernel_log(loopback) -> None:  # type: ignore
     assert refused.error is not None and refused.error.startswith("dmesg: ")
     assert "; journalctl -k: " in refused.error
     assert "not readable" in refused.summary() and "node0" in refused.summary()
+
+
+def test_the_metrics_store_names_bad_losses_with_rank_and_step() -> None:
+    """The store reads its lines through the scanner: a negative and a non-finite loss are
+    findings with their rank and step, and a torchrun summary keeps its rank there too."""
+    from console.training.logparse import parse_lines
+    from console.training.metrics import MetricsStore
+
+    base = ("[2026-11-30 01:00:00,000][root][INFO] - train, rank: {r}, epoch: 0/3, data_slice: "
+            "0/1, step_in_slice: {s}/30, step_in_epoch: {s}, total step: {s}, (loss_avg_rank: "
+            "{v}), (loss_avg_slice: 1.0), (lr: 6.000e-04)")
+    lines = [base.format(r=r, s=s, v=v) for s, r, v in ((5, 0, "10.0"), (5, 1, "9.0"),
+                                                         (10, 1, "-0.5"), (15, 0, "inf"))]
+    lines += (FAULT_LOGS / "host-oom-torchrun-sigkill.log").read_text().splitlines()
+    with MetricsStore() as store:
+        store.add_all(parse_lines(lines), node="node1")
+        found = {(f.id, f.rank): f for f in store.findings(now=0.0)}
+    assert found[("loss-negative", 1)].step == 10
+    assert found[("loss-divergence", 0)].step == 15
+    assert "step 15: loss inf" in found[("loss-divergence", 0)].detail
+    assert ("host-oom-kill", 3) in found and found[("host-oom-kill", 3)].node == "node1"

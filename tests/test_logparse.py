@@ -350,3 +350,22 @@ def test_step_words_elsewhere_are_not_step_lines() -> None:
                  "[2026-11-30 00:15:55,439][root][INFO] - rank: 0, total step: 5",
                  "the train, rank: high"):
         assert not isinstance(parse_line(line), TrainStep | ValStep), line
+
+
+def test_the_fast_path_reads_what_the_general_path_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FunASR 1.4's own layout is read by one regex; every real line, and its pathological and
+    prefixed variants, gives the same event as the field-by-field path."""
+    import re
+
+    import console.training.logparse as lp
+
+    lines = [line for line in lines_of(FP32) if " - train, " in line or " - val, " in line]
+    lines += [TRAIN_LINE.replace("(loss_avg_rank: 151.133)", f"(loss_avg_rank: {v})")
+              .replace("('loss', 151.133)", f"('loss', {v})") for v in ("nan", "-inf", "1.139e+14",
+                                                                          "-3.25", "oops")]
+    lines += ["[rank2]: " + TRAIN_LINE, TRAIN_LINE[30:], TRAIN_LINE.replace(" - train,", " - val,")]
+    fast = [parse_line(line, line_no=i, offset=7 * i).to_dict() for i, line in enumerate(lines)]
+    monkeypatch.setattr(lp, "_STEP_LINE", re.compile(r"(?!)"))
+    slow = [parse_line(line, line_no=i, offset=7 * i).to_dict() for i, line in enumerate(lines)]
+    assert fast == slow
+    assert all(d["kind"] in ("train", "val") for d in fast) and len(fast) > 20

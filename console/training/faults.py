@@ -819,6 +819,9 @@ _EXC_START = re.compile(
     r"^(?:\[[^\]]*\]\s?)*((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|Exit)): ")
 _NEW_RECORD = re.compile(r"^(?:\[|[EWIFD]\d{4} |\d{4}-\d\d-\d\d|\s|Traceback|[=\-─━│╭╰])")
 
+_LOSS_FAULTS = (_BY_ID["loss-divergence"], _BY_ID["loss-negative"])
+_LOSS_SIGNATURES = {f.id: [re.compile(p) for p in f.signatures] for f in _LOSS_FAULTS}
+
 #: Lines after a generic failure in which its cause may still come (Hydra prints its error
 #: line before the traceback that ends with the cause).
 CAUSE_WINDOW = 400
@@ -867,6 +870,10 @@ class FaultScanner:
         if isinstance(event, StepEvent):
             self._joined = None
             return self._step(event, text)
+        if event is None and "(loss_avg_rank: " in text and "total step: " in text:
+            # a FunASR step line carries no other fault: only the loss signatures can match
+            self._joined = None
+            return self._loss_line(text, rank)
         body = text
         line_rank = rank
         if text.startswith("[") and line_rank is None:
@@ -915,6 +922,12 @@ class FaultScanner:
                            line_no=self.line_no, step=event.total_step,
                            detail=f"rank {event.rank}, step {event.total_step}: loss {loss}")
         return [f]
+
+    def _loss_line(self, text: str, rank: int | None) -> list[Fault]:
+        matched = [f for f in _LOSS_FAULTS if any(p.search(text) for p in _LOSS_SIGNATURES[f.id])]
+        for f in matched:
+            self._record(f, text, rank if rank is not None else self._rank_of(text, None))
+        return matched
 
     def _track_block(self, body: str) -> int | None:
         """Follow torchrun's failure summary; the rank of the block this line is in."""

@@ -53,6 +53,16 @@ _CUT_LEVEL = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\]? -? ?$")
 _STEP_HEADER = re.compile(
     r"^(?:train|val), rank: (-?\d+), epoch: (-?\d+)/(-?\d+), data_slice: (-?\d+)/(-?\d+), "
     r"step_in_slice: (-?\d+)/(-?\d+), step_in_epoch: (-?\d+), total step: (-?\d+)")
+#: FunASR 1.4's step line whole, as its trainer writes it: one match reads every field (the
+#: general path reads other orders and older layouts field by field).
+_STEP_LINE = re.compile(
+    r"(train|val), rank: (-?\d+), epoch: (-?\d+)/(-?\d+), data_slice: (-?\d+)/(-?\d+), "
+    r"step_in_slice: (-?\d+)/(-?\d+), step_in_epoch: (-?\d+), total step: (-?\d+), "
+    r"\(loss_avg_rank: ([^()]*)\), \(loss_avg_slice: ([^()]*)\), \(ppl_avg_slice: ([^()]*)\), "
+    r"\(acc_avg_slice: ([^()]*)\), \(lr: ([^()]*)\), \[\('([^\]]*)\)\], "
+    r"\{'data_load': '([^']*)', 'forward_time': '([^']*)', 'backward_time': '([^']*)', "
+    r"'optim_time': '([^']*)', 'total_time': '([^']*)'\}, "
+    r"GPU, memory: usage: (\S+) GB, peak: (\S+) GB, cache: (\S+) GB, cache_peak: (\S+) GB\s*$")
 _STEP_FIELD = re.compile(
     r"(rank|epoch|data_slice|step_in_slice|step_in_epoch|total step): (-?\d+)(?:/(-?\d+))?")
 _PAREN_VALUE = re.compile(r"\((\w+): ([^()]*)\)")
@@ -114,8 +124,10 @@ def _parse_time(text: str) -> float | None:
 
 @functools.lru_cache(maxsize=256)
 def _parse_second(text: str) -> float | None:
+    """``YYYY-mm-dd HH:MM:SS`` (the prefix regex checked the layout) as POSIX seconds."""
     try:
-        return datetime.strptime(text, "%Y-%m-%d %H:%M:%S").timestamp()
+        return datetime(int(text[0:4]), int(text[5:7]), int(text[8:10]), int(text[11:13]),
+                        int(text[14:16]), int(text[17:19])).timestamp()
     except ValueError:
         return None
 
@@ -335,6 +347,8 @@ EVENT_KINDS: dict[str, type[Event]] = {
 def _strip_prefixes(text: str) -> tuple[str, dict[str, Any]]:
     """Remove torchrun's and the logger's prefixes; return the message and what they said."""
     meta: dict[str, Any] = {}
+    if not text.startswith("["):
+        return text, meta
     m = _TORCHRUN_PREFIX.match(text)
     if m:
         meta["rank"] = int(m.group(1))
@@ -366,7 +380,55 @@ def _step_header(message: str) -> dict[str, tuple[int | None, int | None]]:
     return header
 
 
+def _numbers(texts: list[str] | tuple[str, ...]) -> list[float | None]:
+    """:func:`to_float` of each, in one go (the usual case: all plain numbers)."""
+    try:
+        return [float(t) for t in texts]
+    except ValueError:
+        return [to_float(t) for t in texts]
+
+
+def _number_dict(pairs: list[tuple[str, str]]) -> dict[str, float | None]:
+    return dict(zip([k for k, _ in pairs], _numbers([v for _, v in pairs]), strict=True))
+
+
+def _fast_stats(text: str) -> dict[str, float | None]:
+    """FunASR's stats list without its outer ``[(' ... )]``: ``loss_ctc', 141.1), ('loss', 9.0``."""
+    keys, values = [], []
+    for pair in text.split("), ('"):
+        key, sep, value = pair.partition("', ")
+        if not sep or "'" in key:
+            return _number_dict(_STATS_PAIR.findall(f"('{text})"))
+        keys.append(key)
+        values.append(value)
+    return dict(zip(keys, _numbers(values), strict=True))
+
+
+def _fast_step(m: re.Match[str], meta: dict[str, Any]) -> StepEvent:
+    """The event of a line that :data:`_STEP_LINE` matched. Built without the frozen
+    dataclass's ``__init__`` (one ``object.__setattr__`` per field): every field is set here,
+    and this is the line a log has most of."""
+    g = m.groups()
+    cls = TrainStep if g[0] == "train" else ValStep
+    (loss, loss_slice, ppl, acc, lr, data_load, forward, backward, optim, total, usage, peak,
+     cache, cache_peak) = _numbers(g[10:15] + g[16:])
+    ev = object.__new__(cls)
+    ev.__dict__.update(
+        line_no=meta["line_no"], offset=meta["offset"], text=meta["text"],
+        time=meta.get("time"), level=meta.get("level"), rank=int(g[1]),
+        epoch=int(g[2]), max_epoch=int(g[3]), data_slice=int(g[4]), data_slices=int(g[5]),
+        step_in_slice=int(g[6]), steps_in_slice=int(g[7]), step_in_epoch=int(g[8]),
+        total_step=int(g[9]), loss_avg_rank=loss, loss_avg_slice=loss_slice, ppl=ppl,
+        acc=acc, lr=lr, stats=_fast_stats(g[15]),
+        timings={"data_load": data_load, "forward_time": forward, "backward_time": backward,
+                 "optim_time": optim, "total_time": total},
+        mem_usage_gb=usage, mem_peak_gb=peak, mem_cache_gb=cache, mem_cache_peak_gb=cache_peak)
+    return ev
+
+
 def _parse_step(tag: str, message: str, meta: dict[str, Any]) -> StepEvent | None:
+    if (m := _STEP_LINE.match(message)) is not None:
+        return _fast_step(m, meta)
     header = _step_header(message)
     if "total step" not in header and "step_in_epoch" not in header:
         return None
@@ -434,46 +496,50 @@ def _parse_message(message: str, meta: dict[str, Any]) -> Event | None:
         for tag in ("train", "val"):
             if tag.endswith(message[:cut]):
                 return _parse_step(tag, tag + message[cut:], meta)
-    if (m := _DS_TIMERS.search(message)) is not None:
-        timers = {k: to_float(v) for k, v in _DS_TIMER_PAIR.findall(m.group(2))}
+    # Each pattern below starts with a known literal (or a class of characters): a test of
+    # the first character, or of a substring for the two searched anywhere, rules a line out
+    # before its regex runs.
+    c = message[:1]
+    if "time (ms)" in message and (m := _DS_TIMERS.search(message)) is not None:
+        timers = _number_dict(_DS_TIMER_PAIR.findall(m.group(2)))
         return DeepSpeedTimers(timers=timers, **{**meta, "rank": int(m.group(1))})
-    if (m := _PHASE.match(message)) is not None:
+    if c in "TV" and (m := _PHASE.match(message)) is not None:
         return Phase(phase=m.group(1).lower(), epoch=int(m.group(2)),
                      **{**meta, "rank": int(m.group(3))})
-    if (m := _SAVE_START.match(message)) is not None:
+    if c == "S" and (m := _SAVE_START.match(message)) is not None:
         return Phase(phase="save", epoch=int(m.group(1)), **{**meta, "rank": int(m.group(2))})
-    if (m := _CHECKPOINT_SAVED.match(message)) is not None:
+    if c == "C" and (m := _CHECKPOINT_SAVED.match(message)) is not None:
         return CheckpointSaved(path=m.group(1), **meta)
-    if (m := _BEST.match(message)) is not None:
+    if c == "U" and (m := _BEST.match(message)) is not None:
         return BestModel(metric=m.group(1), value=to_float(m.group(2)), path=m.group(3), **meta)
-    if (m := _VAL_RESULT.match(message)) is not None:
+    if c == "c" and (m := _VAL_RESULT.match(message)) is not None:
         return ValResult(value=to_float(m.group(1)), best_before=to_float(m.group(2)), **meta)
-    if (m := _NO_VAL_IMPROVEMENT.match(message)) is not None:
+    if c == "N" and (m := _NO_VAL_IMPROVEMENT.match(message)) is not None:
         return ValResult(improved=False, epochs_no_improve=int(m.group(1)),
                          patience=int(m.group(2)), **meta)
-    if (m := _NO_IMPROVEMENT.match(message)) is not None:
+    if c == "N" and (m := _NO_IMPROVEMENT.match(message)) is not None:
         return NoImprovement(metric=m.group(1), value=to_float(m.group(2)),
                              best=to_float(m.group(3)), **meta)
-    if (m := _EARLY_STOP.match(message)) is not None:
+    if c == "E" and (m := _EARLY_STOP.match(message)) is not None:
         return EarlyStop(epoch=int(m.group(1)), **meta)
-    if (m := _ETA_SLICE.match(message)) is not None:
+    if c == "r" and (m := _ETA_SLICE.match(message)) is not None:
         return Eta(scope="slice", elapsed_hours=to_float(m.group(2)),
                    data_slices=int(m.group(3)), slices_remaining=int(m.group(4)),
                    epochs=int(m.group(6)), remaining_hours=to_float(m.group(7)),
                    **{**meta, "rank": int(m.group(1))})
-    if (m := _ETA_EPOCH.match(message)) is not None:
+    if c == "r" and (m := _ETA_EPOCH.match(message)) is not None:
         return Eta(scope="epoch", elapsed_hours=to_float(m.group(2)), epochs=int(m.group(3)),
                    remaining_hours=to_float(m.group(4)), **{**meta, "rank": int(m.group(1))})
-    if (m := _HYDRA_ERROR.match(message)) is not None:
+    if c == "E" and (m := _HYDRA_ERROR.match(message)) is not None:
         return HydraError(overrides=_parse_overrides(m.group(1)), **meta)
-    if (m := _WORKER_EXIT.search(message)) is not None:
+    if "exitcode" in message and (m := _WORKER_EXIT.search(message)) is not None:
         return WorkerExit(exitcode=int(m.group(1)), local_rank=int(m.group(2)),
                           pid=int(m.group(3)), **meta)
-    if _TRACEBACK.match(message):
+    if c == "T" and _TRACEBACK.match(message):
         return TracebackLine(**meta)
-    if (m := _FRAME.match(message)) is not None:
+    if c.isspace() and (m := _FRAME.match(message)) is not None:
         return TracebackLine(file=m.group(1), file_line=int(m.group(2)), **meta)
-    if (m := _EXCEPTION.match(message)) is not None:
+    if (c == "_" or (c.isascii() and c.isalpha())) and (m := _EXCEPTION.match(message)):
         return ExceptionRaised(exc_type=m.group(1), message=m.group(2), **meta)
     return None
 

@@ -390,6 +390,8 @@ class MetricsStore:
         self._max_step = 0
         self._feed: deque[FeedItem] = deque(maxlen=max_events)
         self._findings = FindingCollector()
+        self._scanners: dict[str | None, faults.FaultScanner] = {}
+        """One fault scanner per node's log (ranks, wrapped messages, causes), one collector."""
         self._gpu: dict[tuple[str | None, int], deque[tuple[float, float]]] = {}
         self._gpu_samples = gpu_samples
         self._last_eta: Eta | None = None
@@ -408,10 +410,7 @@ class MetricsStore:
         with self._lock:
             self.revision += 1
             state = self._rank(event.rank, node, received) if event.rank is not None else None
-            matched = faults.match_line(event.text)
-            for f in matched:
-                self._findings.add(f, event.text, node=node, rank=event.rank,
-                                   line_no=event.line_no)
+            matched = self._scanner(node).feed(event.text, line_no=event.line_no, event=event)
             if isinstance(event, StepEvent):
                 self._add_step(event, node, received, state, matched)
             elif isinstance(event, DeepSpeedTimers) and state is not None:
@@ -426,6 +425,13 @@ class MetricsStore:
                 self._finished = True
             if isinstance(event, FEED_TYPES):
                 self._feed.append(FeedItem(node, received, event))
+
+    def _scanner(self, node: str | None) -> faults.FaultScanner:
+        scanner = self._scanners.get(node)
+        if scanner is None:
+            scanner = self._scanners[node] = faults.FaultScanner(
+                faults.ScanContext(node=node), self._findings)
+        return scanner
 
     def add_all(self, events: Iterable[Event], *, node: str | None = None) -> None:
         for event in events:
