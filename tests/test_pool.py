@@ -317,6 +317,19 @@ def test_jump_host_is_one_shared_connection(loopback) -> None:
         assert pool.connection_count("node0") == 1
 
 
+def test_jump_host_named_by_its_node_name(loopback) -> None:
+    """``jump_host: node0`` means that cluster node: reached directly, the others through it."""
+    with Pool(cluster_of(loopback, jump_host="node0")) as pool:
+        results = pool.run_all('echo "$SSH_CONNECTION"')
+        assert all(r.ok for r in results.values()), results
+        assert pool.connection_count("node0") == 1
+        for i in (1, 2, 3):
+            endpoint = pool.endpoint(f"node{i}")
+            assert endpoint is not None and endpoint.describe().endswith(" via node0")
+        node0 = pool.endpoint("node0")
+        assert node0 is not None and node0.jumps == ()
+
+
 def test_fabric_connection_shares_the_pool_transport(loopback) -> None:
     with Pool(cluster_of(loopback)) as pool:
         conn = pool.fabric_connection("node3")

@@ -569,7 +569,8 @@ class Pool:
             self._peers[node.name] = self._make_peer(node, endpoint)
         for peer in list(self._peers.values()):
             if peer.endpoint is not None:
-                peer.gateway = self._gateway(peer.endpoint.jumps)
+                gateway = self._gateway(peer.endpoint.jumps)
+                peer.gateway = gateway if gateway is not peer else None
 
     def set_sudo_password(self, provider: Callable[[], str | None] | None) -> None:
         """Who answers sudo's password from now on (the TUI lends a modal's in-memory secret;
@@ -587,7 +588,7 @@ class Pool:
         """A node that is itself a hop on its path (``jump_host`` names a cluster node) is
         reached directly, or through the hops before it."""
         for i, hop in enumerate(endpoint.jumps):
-            if (hop.host, hop.port) == (endpoint.host, endpoint.port):
+            if hop.name == endpoint.name or (hop.host, hop.port) == (endpoint.host, endpoint.port):
                 return replace(endpoint, jumps=endpoint.jumps[:i])
         return endpoint
 
