@@ -144,6 +144,9 @@ METRICS: tuple[MetricSpec, ...] = (
                "Peak GPU memory allocated by the rank, from its last train line"),
     MetricSpec("svconsole_run_last_line_age_seconds", "gauge", RANK,
                "Seconds since the rank's last log line arrived"),
+    MetricSpec("svconsole_run_step_time_relative", "gauge", RANK,
+               "The rank's own time a step (less its waits for the others) relative to the "
+               "median over ranks: 0.34 for 34% slower (a straggler above 0.1)"),
     MetricSpec("svconsole_run_eta_seconds", "gauge", RUN,
                "Time left to the last epoch's end, from the measured step time"),
     MetricSpec("svconsole_run_faults_total", "counter", (*RUN, "kind", "severity"),
@@ -469,6 +472,7 @@ class EngineCollector:
                 out.add("svconsole_run_gpu_memory_peak_bytes", labels,
                         None if r.gpu_peak_gb is None else r.gpu_peak_gb * GIB)
                 out.add("svconsole_run_last_line_age_seconds", labels, r.seconds_since)
+                out.add("svconsole_run_step_time_relative", labels, r.rel_time)
             out.add("svconsole_run_eta_seconds", (run,), store.progress().eta_s)
             totals = self.faults.update(run, store.findings(now))
             for (kind, severity), count in sorted(totals.items()):

@@ -225,7 +225,10 @@ def progress_text(p: Progress, *, live: bool = True) -> Text:
 RANK_COLUMNS: tuple[tuple[str, str], ...] = (
     ("node", "node"), ("rank", "rank"), ("step", "last step"), ("loss", "loss"),
     ("step_time", "s/step"), ("mem", "GPU mem GB"), ("since", "since"),
+    ("rel", "vs median"),
 )
+#: A rank this much slower than the median is shown as a straggler would be.
+SLOW_REL = 0.10
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -238,14 +241,17 @@ def _num(value: float | None, fmt: str) -> str:
 
 def rank_cells(r: RankStatus) -> tuple[str | Text, ...]:
     """One row of the rank table: node, rank, last step, loss, step time, GPU memory (usage /
-    peak), seconds since its last line."""
+    peak), seconds since its last line, its own time a step relative to the median over ranks
+    (``+34%``; console.training.stragglers)."""
     mem = "-" if r.gpu_mem_gb is None else (
         f"{r.gpu_mem_gb:.1f}" + (f"/{r.gpu_peak_gb:.1f}" if r.gpu_peak_gb is not None else ""))
     loss = Text(_num(r.loss, ".4g"), style="bold red" if r.loss is not None
                 and not math.isfinite(r.loss) else "")
     since = "-" if r.seconds_since is None else f"{r.seconds_since:.0f}s"
+    rel = Text("-" if r.rel_time is None else f"{r.rel_time:+.0%}",
+               style="bold yellow" if r.rel_time is not None and r.rel_time > SLOW_REL else "")
     return (r.node or "?", str(r.rank), _num(r.last_step, "d") if r.last_step is not None else "-",
-            loss, _num(r.step_time_s, ".2f"), mem, since)
+            loss, _num(r.step_time_s, ".2f"), mem, since, rel)
 
 
 class RankTable(DataTable):

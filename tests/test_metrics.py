@@ -563,3 +563,23 @@ def test_estimated_gradient_sync_thresholds_raise_findings() -> None:
     assert slow.detail.startswith("estimated gradient sync 2300 ms a step")
     assert slow.detail.endswith("over the last 10 steps: bad")
     store.close()
+
+
+def test_exporter_serves_each_ranks_time_relative_to_the_median() -> None:
+    from console.exporter import EngineCollector, RunWatcher, _Families
+
+    store = MetricsStore()
+    for step in range(1, 21):
+        store.add(parse_line(timed_line(0, step, fwd=0.10, bwd=0.35)), node="n0")
+        store.add(parse_line(timed_line(1, step, fwd=0.25, bwd=0.20)), node="n1")
+    watcher = RunWatcher(None, None)  # type: ignore[arg-type]  # serves attached runs only
+    watcher.attach("run-x", store, nodes=["n0", "n1"])
+    collector = EngineCollector(None, None, watcher)  # type: ignore[arg-type]
+    out = _Families()
+    collector._runs(out, store.clock())
+    [family] = [f for f in out if f.name == "svconsole_run_step_time_relative"]
+    got = {s.labels["rank"]: s.value for s in family.samples}
+    median = statistics.median([0.352, 0.502])
+    assert got == pytest.approx({"0": 0.352 / median - 1, "1": 0.502 / median - 1}, abs=0.01)
+    assert [(f.id, f.rank) for f in store.findings()] == [("straggler", 1)]
+    store.close()
