@@ -23,6 +23,7 @@ from console.training.faults import (
     literal_prefix,
     low_gpu_util,
     match_line,
+    scan_contexts,
     scan_lines,
     stalled_ranks,
     version_tuple,
@@ -600,3 +601,27 @@ def test_the_metrics_store_names_bad_losses_with_rank_and_step() -> None:
     assert found[("loss-divergence", 0)].step == 15
     assert "step 15: loss inf" in found[("loss-divergence", 0)].detail
     assert ("host-oom-kill", 3) in found and found[("host-oom-kill", 3)].node == "node1"
+
+
+def test_scan_contexts_from_a_launch_plan_give_global_ranks_and_roles() -> None:
+    from console.training.launch import LaunchPlan, NodePlan
+    from console.training.logparse import parse_lines
+    from console.training.metrics import MetricsStore
+
+    nodes = [NodePlan(node=f"node{i}", host=f"10.99.0.{i + 1}", node_rank=i, nproc=2, argv=[],
+                      env={}, cwd="/", log=f"/out/node{i}.log") for i in (2, 0, 1)]
+    plan = LaunchPlan(run_id="r1", cluster="c", master="node0", master_addr="10.99.0.1",
+                      master_port=29500, output_dir="/out", entry=None,  # type: ignore[arg-type]
+                      overrides=[], nodes=nodes)
+    contexts = scan_contexts(plan.to_dict(), resuming=True)
+    assert {n: c.rank_offset for n, c in contexts.items()} == {"node0": 0, "node1": 2, "node2": 4}
+    assert contexts["node2"].hosts["10.99.0.2"] == "node1" and contexts["node1"].resuming
+    lines = (FAULT_LOGS / "connect-timeout-peer-gloo.log").read_text().splitlines()
+    lines.append("E1201 10:00:05.000000 1 torch/distributed/elastic/multiprocessing/api.py:984] "
+                 "failed (exitcode: -9) local_rank: 1 (pid: 8812) of binary: /opt/venv/bin/python")
+    with MetricsStore() as store:
+        store.scan_contexts.update(contexts)
+        store.add_all(parse_lines(lines), node="node2")
+        found = {(f.id, f.rank): f for f in store.findings(now=0.0)}
+    assert "node1" in found[("peer-unreachable", 4)].detail
+    assert found[("host-oom-kill", 5)].node == "node2"

@@ -1037,6 +1037,25 @@ class FaultScanner:
         self._waiting = still
 
 
+def scan_contexts(plan: Mapping[str, Any], *, resuming: bool = False,
+                  master_port_reachable: bool | None = None) -> dict[str, ScanContext]:
+    """One :class:`ScanContext` per node of a launch plan (``LaunchPlan.to_dict()``, as a run
+    record keeps it): the node's rank offset (the processes of the nodes of lower node rank),
+    the master's address and port, every node's host and name."""
+    nodes = sorted(plan.get("nodes") or [], key=lambda n: n.get("node_rank", 0))
+    hosts = {n["host"]: n["node"] for n in nodes if n.get("host")}
+    hosts.update({n["node"]: n["node"] for n in nodes})
+    out: dict[str, ScanContext] = {}
+    offset = 0
+    for n in nodes:
+        out[n["node"]] = ScanContext(
+            node=n["node"], rank_offset=offset, master_addr=plan.get("master_addr"),
+            master_port=plan.get("master_port"), master_port_reachable=master_port_reachable,
+            hosts=hosts, resuming=resuming)
+        offset += int(n.get("nproc") or 1)
+    return out
+
+
 def scan_lines(lines: Iterable[str], node: str | None = None, rank: int | None = None, *,
                start_line: int = 1, context: ScanContext | None = None) -> list[Finding]:
     """Faults in ``lines`` (one log, e.g. one node's), read with :class:`FaultScanner`. Each

@@ -392,6 +392,9 @@ class MetricsStore:
         self._findings = FindingCollector()
         self._scanners: dict[str | None, faults.FaultScanner] = {}
         """One fault scanner per node's log (ranks, wrapped messages, causes), one collector."""
+        self.scan_contexts: dict[str | None, faults.ScanContext] = {}
+        """What the fault scanner of each node's log knows of the run (its rank offset, the
+        master's address and port): ``faults.scan_contexts(record.plan)``; set before lines."""
         self._gpu: dict[tuple[str | None, int], deque[tuple[float, float]]] = {}
         self._gpu_samples = gpu_samples
         self._last_eta: Eta | None = None
@@ -430,7 +433,7 @@ class MetricsStore:
         scanner = self._scanners.get(node)
         if scanner is None:
             scanner = self._scanners[node] = faults.FaultScanner(
-                faults.ScanContext(node=node), self._findings)
+                self.scan_contexts.get(node) or faults.ScanContext(node=node), self._findings)
         return scanner
 
     def add_all(self, events: Iterable[Event], *, node: str | None = None) -> None:
