@@ -74,6 +74,26 @@ Host *
     assert b.describe() == "bob@other:2222"
 
 
+def test_missing_files(tmp_path: Path, monkeypatch) -> None:
+    """An IdentityFile that does not exist is skipped as ssh skips it (named when none exists);
+    a config_file that cluster.yaml names and that does not exist is an error, the default one
+    (~/.ssh/config) may be absent."""
+    (tmp_path / "present").write_text("")
+    found = resolve(tmp_path, f"Host a\n    IdentityFile {tmp_path}/gone\n"
+                              f"    IdentityFile {tmp_path}/present\n"
+                              f"Host b\n    IdentityFile {tmp_path}/gone\n",
+                    [("a", "a"), ("b", "b")])
+    assert found["a"].identity_files == (f"{tmp_path}/present",)
+    assert found["b"].identity_files == (f"{tmp_path}/gone",)
+    cluster = parse_cluster("ssh:\n  config_file: nowhere/config\nnodes:\n  - name: a\n"
+                            "    host: h\n", path=tmp_path / "cluster.yaml")
+    error = Resolver(cluster).node(cluster.nodes[0]).error
+    assert error == f"cluster.yaml:2 ssh.config_file: no such file {tmp_path}/nowhere/config"
+    monkeypatch.setenv("HOME", str(tmp_path / "home-without-ssh"))
+    default = parse_cluster("nodes:\n  - name: a\n    host: h\n")
+    assert Resolver(default).node(default.nodes[0]).error is None
+
+
 def test_alias_key_name_port_and_strictness(tmp_path: Path) -> None:
     found = resolve(tmp_path, """Host a1
     HostKeyAlias gpu-a

@@ -266,11 +266,13 @@ class Resolver:
         self.file_error: str | None = None
         ssh = cluster.ssh
         if ssh.use_ssh_config and ssh.config_file:
+            path = cluster.local_path(ssh.config_file)
             try:
-                self.file = SSHConfigFile.load(cluster.local_path(ssh.config_file),
-                                               ssh.config_file)
+                self.file = SSHConfigFile.load(path, ssh.config_file)
             except SSHConfigError as exc:
                 self.file_error = str(exc)
+            if self.file is None and self.file_error is None and ssh.origin("config_file"):
+                self.file_error = f"{ssh.origin('config_file')}: no such file {path}"
 
     def _lookup(self, alias: str) -> tuple[dict[str, Any], dict[str, Block]]:
         if self.file_error is not None:
@@ -349,9 +351,12 @@ class Resolver:
             raw, where = given["identity_file"]
             identity.append(str(self.cluster.local_path(raw)))
             origins["identity_file"] = where
-        for raw in values.get("identityfile", []) if "identityfile" in blocks else []:
-            path = os.path.expanduser(raw)
-            if path not in identity and (os.path.exists(path) or not identity):
+        listed = [os.path.expanduser(raw) for raw in values.get("identityfile", [])
+                  if "identityfile" in blocks]
+        # as ssh: files that do not exist are skipped, unless none does (then the error names it)
+        present = [path for path in listed if os.path.exists(path)]
+        for path in present if present or identity else listed[:1]:
+            if path not in identity:
                 identity.append(path)
         if "identityfile" in blocks:
             where = blocks["identityfile"].describe()
