@@ -289,48 +289,42 @@ def _master_port_checks(target: Target, names: list[str], up: Mapping[str, dict]
         if p is None:
             continue
         result, resolved = p.get("result"), p.get("resolved")
-        if result == "ok" or (busy and result == "foreign"):
+        ok = result == "ok" or bool(busy and result == "foreign")
+        if ok:
             note = " (the port is in use on the master: the run's store answers)" if busy else ""
-            out.append(_check("master port reachable", True,
-                              f"{name} -> {where} connects{note}", name))
+            text = f"{name} -> {where} connects{note}"
         elif result == "resolve":
-            out.append(_check("master port reachable", False,
-                              f"master_addr {target.master_addr} does not resolve on {name}: "
-                              f"{p.get('error')}. Fix: use the master's IP address as its host "
-                              f"in cluster.yaml, or add it to {name}'s /etc/hosts", name))
+            text = (f"master_addr {target.master_addr} does not resolve on {name}: "
+                    f"{p.get('error')}. Fix: use the master's IP address as its host "
+                    f"in cluster.yaml, or add it to {name}'s /etc/hosts")
         elif resolved and own and resolved not in own:
-            out.append(_check("master port reachable", False,
-                              f"wrong address: master_addr {target.master_addr} resolves to "
-                              f"{resolved} on {name}, which is not an address of "
-                              f"{target.master} (it has {', '.join(sorted(own))}); "
-                              f"{result}: {p.get('error') or p.get('got') or ''}. Fix: set the "
-                              f"master node's host to one of its own addresses", name))
+            text = (f"wrong address: master_addr {target.master_addr} resolves to "
+                    f"{resolved} on {name}, which is not an address of "
+                    f"{target.master} (it has {', '.join(sorted(own))}); "
+                    f"{result}: {p.get('error') or p.get('got') or ''}. Fix: set the "
+                    f"master node's host to one of its own addresses")
         elif result == "timeout":
-            out.append(_check("master port reachable", False,
-                              f"{name} -> {where}: timed out ({p.get('error')}): a firewall "
-                              f"on {target.master} (or between) drops port {port}; torchrun's "
-                              f"rendezvous would hang. Fix: accept TCP {port} from the "
-                              f"workers on {target.master} (e.g. nft add rule inet filter "
-                              f"input tcp dport {port} accept)", name))
+            text = (f"{name} -> {where}: timed out ({p.get('error')}): a firewall "
+                    f"on {target.master} (or between) drops port {port}; torchrun's "
+                    f"rendezvous would hang. Fix: accept TCP {port} from the "
+                    f"workers on {target.master} (e.g. nft add rule inet filter "
+                    f"input tcp dport {port} accept)")
         elif result == "refused":
-            out.append(_check("master port reachable", False,
-                              f"{name} -> {where}: connection refused although the check "
-                              f"listens on port {port} of {target.master}: its firewall rejects "
-                              f"the port. Fix: accept TCP {port} from the workers", name))
+            text = (f"{name} -> {where}: connection refused although the check "
+                    f"listens on port {port} of {target.master}: its firewall rejects "
+                    f"the port. Fix: accept TCP {port} from the workers")
         elif result == "unreachable":
-            out.append(_check("master port reachable", False,
-                              f"{name} -> {where}: no route ({p.get('error')}): wrong address "
-                              f"or network. Fix: set the master's host to an address {name} "
-                              f"reaches", name))
+            text = (f"{name} -> {where}: no route ({p.get('error')}): wrong address "
+                    f"or network. Fix: set the master's host to an address {name} "
+                    f"reaches")
         elif result == "foreign":
-            out.append(_check("master port reachable", False,
-                              f"{name} -> {where}: another program answered, not the check's "
-                              f"listener on {target.master} ({p.get('got')!r}): master_addr "
-                              f"points at another machine or a proxy. Fix: the master's own "
-                              f"address", name))
+            text = (f"{name} -> {where}: another program answered, not the check's "
+                    f"listener on {target.master} ({p.get('got')!r}): master_addr "
+                    f"points at another machine or a proxy. Fix: the master's own "
+                    f"address")
         else:
-            out.append(_check("master port reachable", False,
-                              f"{name} -> {where}: {result}: {p.get('error')}", name))
+            text = f"{name} -> {where}: {result}: {p.get('error')}"
+        out.append(_check("master port reachable", ok, text, name))
     return out
 
 
