@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from console.ssh.netns import NETNS_FILE, NetnsCluster
 from tests import netns as fixtures
 from tests.netns import require_namespaces
@@ -105,3 +107,48 @@ def test_netns_down_from_state_dir_after_owner_killed(tmp_path: Path) -> None:
         time.sleep(0.1)
     assert not any(Path(f"/proc/{p}").exists() for p in holders)
     assert not any(Path(f"/proc/{p}").exists() for p in sshd)
+
+
+def test_netns_script_commands(netns_cluster: NetnsCluster, tmp_path: Path) -> None:
+    """scripts/netns-cluster exec, firewall (a ruleset file), private-mount, unmount, status."""
+    script = str(ROOT / "scripts" / "netns-cluster")
+    d = str(netns_cluster.directory)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([script, *args], capture_output=True, text=True, timeout=120)
+
+    out = run("exec", d, "1", "hostname; ip -o -4 addr show eth0")
+    assert out.returncode == 0 and out.stdout.splitlines()[0] == netns_cluster.nodes[1]
+    assert f"inet {netns_cluster.node(1).address}/24" in out.stdout
+    assert run("exec", d, "2", "exit 3").returncode == 3
+    rules = tmp_path / "rules.nft"
+    rules.write_text("table inet t {\n chain input {\n  type filter hook input priority 0;\n"
+                     "  tcp dport 29999 drop\n }\n}\n")
+    assert run("firewall", d, "0", str(rules)).returncode == 0
+    assert "tcp dport 29999 drop" in netns_cluster.exec(0, "nft list ruleset").stdout
+    assert netns_cluster.exec(1, "nft list ruleset").stdout.strip() == ""  # node 0's only
+    bad = run("firewall", d, "0", "table inet t { nonsense }")
+    assert bad.returncode == 1 and "netns-cluster: node0: nft refused the ruleset" in bad.stderr
+    target = netns_cluster.shared_dir / "cli-private"
+    target.mkdir(exist_ok=True)
+    (target / "seen-by-all").write_text("x")
+    made = run("private-mount", d, "1", str(target))
+    assert made.returncode == 0, made.stderr
+    assert netns_cluster.exec(1, f"ls -A {target}").stdout == ""
+    assert run("unmount", d, "1", str(target)).returncode == 0
+    assert netns_cluster.exec(1, f"ls -A {target}").stdout.strip() == "seen-by-all"
+    status = run("status", d)
+    assert status.returncode == 0 and status.stdout.count("answers=True") == netns_cluster.n
+
+
+def test_netns_tests_fail_under_ci_and_skip_elsewhere(monkeypatch) -> None:
+    """No namespaces: CI=true fails the netns tests (they must prove what they prove there),
+    elsewhere they are skipped with the reason."""
+    monkeypatch.setattr(fixtures, "namespaces_unavailable", lambda: "no netns here")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true but the namespace cluster cannot "
+                                                    "be made: no netns here"):
+        fixtures.require_namespaces()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="namespace cluster unavailable: no netns"):
+        fixtures.require_namespaces()
