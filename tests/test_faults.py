@@ -625,3 +625,60 @@ def test_scan_contexts_from_a_launch_plan_give_global_ranks_and_roles() -> None:
         found = {(f.id, f.rank): f for f in store.findings(now=0.0)}
     assert "node1" in found[("peer-unreachable", 4)].detail
     assert found[("host-oom-kill", 5)].node == "node2"
+
+
+LIVE_FAILURES = r'''
+import datetime, os, signal, socket, sys, traceback
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+
+def report(fn):
+    try:
+        fn()
+    except Exception as exc:
+        sys.stderr.write("".join(traceback.format_exception(exc)))
+        sys.stderr.flush()
+
+busy = socket.socket(); busy.bind(("127.0.0.1", 0)); busy.listen()
+closed = socket.socket(); closed.bind(("127.0.0.1", 0)); port = closed.getsockname()[1]
+closed.close()
+print("PORTS", busy.getsockname()[1], port, flush=True)
+report(lambda: dist.TCPStore("127.0.0.1", busy.getsockname()[1], 1, True,
+                             timeout=datetime.timedelta(seconds=3)))
+report(lambda: dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=1)))
+
+class Dies(Dataset):
+    def __len__(self):
+        return 2
+    def __getitem__(self, i):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+report(lambda: list(DataLoader(Dies(), num_workers=1)))
+'''
+
+
+def test_failures_the_installed_torch_really_prints() -> None:
+    """A taken port, a connect timeout and a DataLoader worker killed by SIGKILL, made for real
+    with this torch (its C++ log lines and Python tracebacks as they come out)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, "-c", LIVE_FAILURES], capture_output=True,
+                          text=True, timeout=180)
+    busy, closed = (int(p) for p in proc.stdout.split()[1:3])
+    lines = proc.stderr.splitlines()
+    found = scan_lines(lines, context=ScanContext(node="n0", master_addr="127.0.0.1",
+                                                  master_port=busy))
+    ids = [f.id for f in found]
+    assert ids[:3] == ["peer-unreachable", "port-in-use", "host-oom-kill"], ids
+    assert f"127.0.0.1:{closed}" in found[0].detail
+    assert found[1].detail == f"port {busy} (the master port)"
+    assert "DataLoader worker killed by signal Killed" in found[2].detail
+    as_master = scan_lines(lines, context=ScanContext(master_addr="127.0.0.1",
+                                                      master_port=closed))
+    assert "master-port-unreachable" in [f.id for f in as_master]
+    assert not any(f.id == "peer-unreachable" for f in as_master)
+    # torch's C++ stack frames and "Exception raised from ..." lines are not faults
+    assert not any(e.startswith(("frame #", "Exception raised from")) for f in found
+                   for e in f.evidence)
