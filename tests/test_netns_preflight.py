@@ -210,3 +210,37 @@ def test_launch_dialog_text_marks_warnings() -> None:
                             Check("interface", True, "eth0", "n1")]).plain
     assert text.splitlines()[1:] == ["  warn hostname: n1: vm resolves to 127.0.0.1",
                                      "  FAIL peer ports: n2: dropped", "  ok   interface: n1: eth0"]
+
+
+def test_netns_master_port_rejected_is_told_from_dropped(netns_cluster: NetnsCluster,
+                                                         profile_file, capsys) -> None:
+    netns_cluster.firewall(0, "table inet svconsole {\n chain input {\n"
+                              "  type filter hook input priority 0; policy accept;\n"
+                              f"  tcp dport {MASTER_PORT} reject with tcp reset\n" " }\n}")
+    code, reply = dry_run(netns_cluster, profile_file, capsys)
+    failed = failures(reply)
+    nodes = netns_cluster.nodes
+    assert code == 1 and set(failed) == {("master port reachable", n) for n in nodes[1:]}
+    assert "connection refused although the check listens on port" in \
+        failed[("master port reachable", nodes[1])]
+    assert "timed out" not in failed[("master port reachable", nodes[1])]
+
+
+def test_wrong_master_address_is_told_apart() -> None:
+    """A worker whose master_addr resolves to an address the master does not have (a stale
+    /etc/hosts entry): the check says so, whatever the connection did there."""
+    from console.training.preflight import Target, _master_port_checks
+
+    target = Target("m", "master.example", MASTER_PORT, {"m": "master.example", "w": "w"},
+                    {"m": {}, "w": {}})
+    up = {"m": {"ports": {str(MASTER_PORT): MASTER_PORT, "0": 40000}, "busy": {},
+                "facts": {"interfaces": {"lo": ["127.0.0.1"], "eth0": ["10.1.0.1"]},
+                          "master_resolves": ["10.1.0.1"]}}}
+    results = {"w": {"probes": [{"id": "master", "host": "master.example", "port": MASTER_PORT,
+                                 "resolved": "10.1.0.9", "result": "refused",
+                                 "error": "Connection refused"}]}}
+    (check,) = _master_port_checks(target, ["m", "w"], up, results)
+    assert (check.ok, check.node) == (False, "w")
+    assert check.message.startswith("wrong address: master_addr master.example resolves to "
+                                    "10.1.0.9 on w, which is not an address of m (it has "
+                                    "10.1.0.1, 127.0.0.1)")
