@@ -11,6 +11,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from console.training.faults import (
     CATALOG,
@@ -682,3 +684,23 @@ def test_failures_the_installed_torch_really_prints() -> None:
     # torch's C++ stack frames and "Exception raised from ..." lines are not faults
     assert not any(e.startswith(("frame #", "Exception raised from")) for f in found
                    for e in f.evidence)
+
+
+_ALL_FAULT_LINES = [line for p in sorted(FAULT_LOGS.glob("*.log"))
+                    for line in p.read_text(encoding="utf-8").splitlines()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_ALL_FAULT_LINES), min_size=1, max_size=12), st.data())
+def test_the_scanner_never_raises_on_mutated_failure_text(lines: list[str],
+                                                          data: st.DataObject) -> None:
+    mutated = []
+    for line in lines:
+        i = data.draw(st.integers(0, max(len(line) - 1, 0)))
+        junk = data.draw(st.sampled_from(["", "9" * 30, "-", ":", "(", ")", "[", "]", "'", " ",
+                                          "\x00", "é", "pid: ", "rank      : "]))
+        mutated.append(line[:i] + junk + line[i + data.draw(st.integers(0, 3)):])
+    for ctx in (ScanContext(), context("node2", master_port_reachable=True, resuming=True)):
+        for f in scan_lines(mutated, context=ctx):
+            assert f.evidence and f.count >= 1
+            f.to_dict()
