@@ -41,6 +41,7 @@ from textual.widgets import Input, Label, Select, Static
 from textual.worker import Worker, WorkerState
 
 from console.cli import state_dir
+from console.cluster.redact import redact_env, restore_env
 from console.gpu.telemetry import TelemetryUpdate, feed_utilisation
 from console.training.follow import RunFollower
 from console.training.launch import (
@@ -226,7 +227,8 @@ class LaunchDialog(ConsoleModal):
                             compact=True, placeholder="its GPUs (1 with cpu-wrapper)")
             with Horizontal(classes="launch-row"):
                 yield Label("env")
-                yield Input(" ".join(f"{k}={shlex.quote(v)}" for k, v in self.options.env.items()),
+                shown = redact_env(self.options.env)  # a secret stays ******** (and is kept)
+                yield Input(" ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items()),
                             id="launch-env", compact=True, placeholder="KEY=VALUE ... (optional)")
             yield Static(id="launch-status")
             with VerticalScroll(id="launch-review"):
@@ -247,7 +249,8 @@ class LaunchDialog(ConsoleModal):
             raise ValueError(f"procs/node: {nproc!r} is not a positive number")
         options = replace(self.options, entry=self.query_one("#launch-entry", Select).value,
                           nproc_per_node=int(nproc) if nproc else None,
-                          env=parse_env(self.query_one("#launch-env", Input).value))
+                          env=restore_env(parse_env(self.query_one("#launch-env", Input).value),
+                                          self.options.env))
         return LaunchSpec(Path(raw_path).expanduser() if raw_path else None, options, self.resume)
 
     @on(Input.Submitted)

@@ -5,9 +5,10 @@
   afterwards, and a symlink planted where the old fixed path was is never followed; the storage
   measurement refuses a symlinked folder in shared_dir.
 - Secrets never become world-readable: a run's record (which holds ``--env`` values for resume)
-  is written mode 0600 on the node and in the local index; names like ``*TOKEN*`` are shown as
-  ``********`` in the plan (CLI and TUI text), the JSON output and the setup logs, while the
-  training itself gets the real value.
+  is written mode 0600 on the node and in the local index, and the values never go on a command
+  line (``ps``); names like ``*TOKEN*`` are shown as ``********`` in the plan (CLI and TUI text),
+  the JSON output, the setup logs, the followed training logs and the launch dialog (which keeps
+  the real value), while the training itself gets the real value.
 - Every value that reaches a remote shell is quoted: ONE test runs every command builder (the
   setup steps' check/apply/verify and gather, every measurement, the launch's inspection, the
   launch, follow and stop) with hostile values in cluster.yaml, the setup options and the run
@@ -175,6 +176,32 @@ def test_redaction_of_names_like_token_key_secret_password() -> None:
     data = {"plan": {"nodes": [{"env": env, "argv": ["++x=1", f"HF_TOKEN={TOKEN}"]}]}}
     assert TOKEN not in json.dumps(redact(data))
     assert data["plan"]["nodes"][0]["env"]["HF_TOKEN"] == TOKEN  # a copy: the data is kept
+
+
+async def test_launch_dialog_shows_a_secret_redacted_and_keeps_it() -> None:
+    from textual.widgets import Input
+
+    from console.cluster.model import local_cluster
+    from console.training.launch import LaunchOptions
+    from screens.app import SVConsoleApp
+    from screens.training import LaunchDialog
+
+    cluster = local_cluster()
+    with Pool(cluster) as local:
+        app = SVConsoleApp(cluster, local, health_interval=None)
+        async with app.run_test(size=(100, 30)) as pilot:
+            options = LaunchOptions(env={"HF_TOKEN": TOKEN, "OMP_PROC_BIND": "close"})
+            dialog = LaunchDialog(local, None, options=options)
+            await app.push_screen(dialog)
+            await pilot.pause(0.2)
+            field = dialog.query_one("#launch-env", Input)
+            assert TOKEN not in field.value and f"HF_TOKEN='{REDACTED}'" in field.value
+            assert dialog.spec().options.env == options.env  # left as it was: kept
+            field.value = f"HF_TOKEN='{REDACTED}' OMP_PROC_BIND=spread EXTRA=1"
+            assert dialog.spec().options.env == {"HF_TOKEN": TOKEN, "OMP_PROC_BIND": "spread",
+                                                 "EXTRA": "1"}
+            field.value = "HF_TOKEN=new-one"
+            assert dialog.spec().options.env == {"HF_TOKEN": "new-one"}
 
 
 def test_run_record_with_env_secrets_is_0600_and_plan_output_redacted(pool, tmp_path) -> None:

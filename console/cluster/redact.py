@@ -10,7 +10,9 @@ needed (the training's environment, the run record written mode 0600).
   assignment of a secret environment variable hidden (upper-case names only, the environment's
   own style, so ``ssh -o StrictHostKeyChecking=yes`` stays as it is);
 - :func:`redact`: JSON-like data: every ``env`` mapping inside it through :func:`redact_env`,
-  every string through :func:`redact_text`.
+  every string through :func:`redact_text`;
+- :func:`restore_env`: an environment shown redacted and then edited, with each value still
+  ``********`` given back its real one (a form never shows a secret, nor loses it).
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ def is_secret(name: str) -> bool:
 def redact_env(env: Mapping[str, Any]) -> dict[str, Any]:
     """``env`` with the value of every secret name replaced by ``********``."""
     return {k: (REDACTED if is_secret(str(k)) else v) for k, v in env.items()}
+
+
+def restore_env(edited: Mapping[str, str], original: Mapping[str, str]) -> dict[str, str]:
+    """``edited`` (``original`` as :func:`redact_env` showed it, then changed by the operator)
+    with every value left as ``********`` given back from ``original``."""
+    return {k: (original[k] if v == REDACTED and k in original else v) for k, v in edited.items()}
 
 
 def redact_text(text: str) -> str:
