@@ -129,6 +129,30 @@ def stat_dir(path: str) -> dict:
 # ---------------------------------------------------------------- listen
 
 
+def bind_any(port: int) -> socket.socket:
+    """A socket bound to ``port`` on every address, IPv4 and IPv6 where the node has IPv6 (as
+    torchrun's store binds), else IPv4 only."""
+    if socket.has_ipv6:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(("::", port))
+            return sock
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EADDRINUSE:
+                raise
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("", port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def listen(args: dict) -> None:
     token = args["token"]
     deadline = time.monotonic() + float(args.get("deadline", 30))
@@ -136,12 +160,9 @@ def listen(args: dict) -> None:
     socks: dict[socket.socket, dict] = {}
     ports, busy = [], {}
     for want in args["ports"]:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("", int(want)))
+            sock = bind_any(int(want))
         except OSError as exc:
-            sock.close()
             busy[str(want)] = exc.strerror or str(exc)
             continue
         sock.listen(64)

@@ -445,6 +445,11 @@ def _interface_checks(target: Target, names: list[str], up: Mapping[str, dict]) 
             # worker that reaches itself instead is the master port check's "wrong address"
             holding = [i for i, addrs in interfaces.items() if master_ip in addrs and i != "lo"]
             dev = holding[0] if holding else "lo"
+        if route.get("error") == "no ip command":
+            out.append(_check("interface", True, f"not checked: {name} has no 'ip' command "
+                              f"(iproute2) to tell the route to the master", name,
+                              warning=True))
+            continue
         if "error" in route or not dev:
             out.append(_check("interface", False,
                               f"no route from {name} to the master {master_ip}: "
