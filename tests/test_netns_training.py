@@ -145,3 +145,37 @@ def test_netns_forced_peer_ports_blocked_is_named(netns_cluster: NetnsCluster, t
     assert f"{nodes[1]}: {nodes[1]} ({netns_cluster.node(1).address}) cannot be reached on an " \
            f"ephemeral port" in text, text
     assert "master port" not in text.split("; stacks:")[0]  # reachable: not blamed
+
+
+def test_netns_forced_private_output_dir_is_named(netns_cluster: NetnsCluster, tiny_set,
+                                                  tmp_path, capsys, monkeypatch) -> None:
+    """output_dir a private directory on the third node: nothing hangs, the run goes on and
+    every node writes its own copy. ``launch --force`` names the node and the cause as it
+    launches; the node's log then really lies in a directory only that node sees."""
+    _needs_training_stack()
+    state = tmp_path / "state"
+    monkeypatch.setenv("SVCONSOLE_STATE_DIR", str(state))
+    out = netns_cluster.shared_dir / "private-out"
+    out.mkdir(exist_ok=True)
+    private = netns_cluster.private_mount(2, out)
+    nodes = netns_cluster.nodes
+    pool = Pool(load_cluster(netns_cluster.cluster_yaml))
+    try:
+        started = time.monotonic()
+        code, reply = launch(netns_cluster, tiny_set, tmp_path, capsys, "private-out", "--force")
+        assert code == 0, reply["message"]
+        failed = {(c["name"], c["node"]): c["message"] for c in reply["checks"] if not c["ok"]}
+        assert set(failed) == {("shared output_dir", nodes[2])}, failed
+        assert failed[("shared output_dir", nodes[2])].startswith(
+            f"{nodes[2]} sees another directory at {out}")
+        assert time.monotonic() - started < FINDING_WITHIN_S
+        record = runs.RunRecord.from_dict(reply["run"])
+        log = Path(record.node(nodes[2]).log).name
+        deadline = time.monotonic() + 120
+        while not (private / "logs" / log).exists() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert (private / "logs" / log).exists()  # its log: on the node's own directory
+        assert not (out / "logs" / log).exists()  # not where the master and the console look
+    finally:
+        stop_all(pool, state)
+        pool.close()
