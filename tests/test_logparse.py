@@ -345,6 +345,12 @@ def test_train_lines_behind_other_loggers(prefix: str, rank: int) -> None:
         assert ev.text == line
 
 
+def test_a_local_rank_prefix_is_not_taken_for_the_global_rank() -> None:
+    ev = parse_line("[default1]: RuntimeError: CUDA out of memory.")
+    assert isinstance(ev, ExceptionRaised) and ev.rank is None
+    assert parse_line("[rank5]: RuntimeError: CUDA out of memory.").rank == 5
+
+
 def test_step_words_elsewhere_are_not_step_lines() -> None:
     for line in ("retrain, rank: 0, total step: 5", "pre-val, rank: 1, total step: 2",
                  "[2026-11-30 00:15:55,439][root][INFO] - rank: 0, total step: 5",

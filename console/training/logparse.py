@@ -31,8 +31,10 @@ from typing import Any, ClassVar
 
 # --- prefixes -------------------------------------------------------------------------------
 
-#: torchrun's per-rank prefix (``--tee``/``--local-ranks-filter``): ``[rank0]: `` or ``[default0]:``.
-_TORCHRUN_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
+#: torchrun's per-rank prefix (``--tee``/``--local-ranks-filter``): ``[rank0]: `` (the global
+#: rank) or, from older torch, ``[default0]:`` (role ``default`` and the *local* rank, which says
+#: nothing of the global rank without the node's offset: left to the fault scanner).
+_TORCHRUN_PREFIX = re.compile(r"^\[(rank|default)(\d+)\]:\s?")
 #: Hydra's logging format: ``[2026-11-30 00:15:55,439][root][INFO] - ``.
 _HYDRA_PREFIX = re.compile(
     r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[([^\]]*)\]\[([A-Z]+)\] - ?")
@@ -351,7 +353,8 @@ def _strip_prefixes(text: str) -> tuple[str, dict[str, Any]]:
         return text, meta
     m = _TORCHRUN_PREFIX.match(text)
     if m:
-        meta["rank"] = int(m.group(1))
+        if m.group(1) == "rank":
+            meta["rank"] = int(m.group(2))
         text = text[m.end():]
     m = _HYDRA_PREFIX.match(text)
     if m:
