@@ -380,6 +380,7 @@ def test_connect_failure_never_blames_a_master_port_that_answered() -> None:
     assert [(f.id, f.rank) for f in neutral] == [("connection-timeout", 3)]
     assert "usually a firewall dropping the master port" not in neutral[0].fault.advice
     assert "master port" in neutral[0].fault.advice and "beyond it" in neutral[0].fault.advice
+    assert "peer connection" in neutral[0].fault.advice
     reached = scan_lines([line], context=context(master_port_reachable=True))
     assert [f.id for f in reached] == ["peer-unreachable"]
     assert "master port answered" in reached[0].detail

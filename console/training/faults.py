@@ -193,8 +193,9 @@ CATALOG: tuple[Fault, ...] = (
                     r"TCP client failed to connect/validate to host", r"timed out connecting: ",
                     r"Connect timeout ", r"Socket Timeout", r"TimeoutError: timed out"),
         advice="A connection between nodes timed out (a firewall dropping the packets, or a "
-               "wrong address or interface). The log named no address: check both the master "
-               "port and the ports between nodes that gloo and NCCL use beyond it, and "
+               "wrong address or interface). To master_addr:master_port it is the master port "
+               "(open it on the master); to any other port it is a peer connection (gloo and "
+               "NCCL use ports beyond it): let TCP in between the nodes. Check "
                "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME.",
         source="torch c10d socket.cpp, gloo, Python"),
     Fault(
@@ -625,7 +626,7 @@ def _describe_address(host: str, port: int, role: str, context: ScanContext) -> 
         note = f", not the master port {context.master_addr}:{context.master_port}" \
             if context.master_addr is not None else ""
         return f"{where} is a peer{note}"
-    return f"address {where}"
+    return f"address {where} (master port or peer: the run's master address is not known here)"
 
 
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV",
