@@ -114,8 +114,14 @@ class ConfigScreen(ConsoleScreen):
         "Tabs: Form (F2), JSON (F3, the raw text: edit it freely, syntax errors show line:col), "
         "Diff (F4, against the saved files or a preset), Report (F5, every finding and the "
         "memory estimate with how it is made). Tab / shift+tab move between fields; escape "
-        "leaves a field so that 1-5, ? and q work again. Keys the form does not know are kept. "
-        "Nothing is written until ctrl+s; saving a config with errors asks first, naming them.")
+        "leaves a field so that 1-5, ? and q work again. Keys the form does not know are kept, "
+        "and a form edit changes only its value in the JSON. Nothing is written until ctrl+s, "
+        "and then only a file whose values changed; saving a config with errors asks first, "
+        "naming them, and a file changed on disk since it was read asks too: reload theirs (r), "
+        "overwrite with mine (o) or see the three-way diff (d). A new ds_config.json starts from "
+        "the profile's deepspeed_config, else from the default preset for the nodes' GPUs and "
+        "FunASR version (fp32 or bf16, and why); svconsole validate checks the same files and "
+        "prints the same summary line.")
 
     BINDINGS = [
         Binding("ctrl+s", "save", "Save", id="config.save", priority=True),
@@ -683,6 +689,10 @@ class ConfigScreen(ConsoleScreen):
         first (reload theirs / overwrite with mine / three-way diff), errors ask too."""
         if self.files is None or self.profile is None:
             return
+        focused = self.focused
+        spec = FIELDS.get(focused.name or "") if isinstance(focused, Input) else None
+        if spec is not None and spec.kind == "ds" and not focused.value.strip():
+            self._set_json_value(spec.key, None, "")  # a field cleared and not left yet
         files = self.files
         valid = dsconfig.parse(self.ds_text, files.ds_path.name).data is not None
         save_ds = valid and (files.ds_saved is None or self.ds_text != files.ds_saved)
