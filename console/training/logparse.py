@@ -595,6 +595,14 @@ class LogParser:
         events: list[Event] = []
         start = 0
         buf = self._partial
+        last = buf.rfind(b"\n")
+        if last >= 0 and buf.isascii():
+            # the usual chunk: ASCII (one byte per character), decoded and split at once
+            lines = buf[:last].decode("ascii").split("\n")
+            if max(map(len, lines)) <= self.max_line:
+                for text in lines:
+                    events.append(self._line(b"", len(text) + 1, text))
+                start = last + 1
         while True:
             end = buf.find(b"\n", start, start + self.max_line + 1)
             if end >= 0:
