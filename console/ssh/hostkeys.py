@@ -110,13 +110,36 @@ def _hashed_match(field: str, name: str) -> bool:
         return False
 
 
+_parsed: dict[Path, tuple[tuple[int, int, int], list[Entry]]] = {}
+_parsed_lock = threading.Lock()
+
+
 def read_entries(path: Path) -> list[Entry]:
     """The key lines of one known_hosts file ([] if it does not exist). Lines that cannot be read
-    (a key type paramiko does not know, a broken key) are skipped with a debug log, as ssh does."""
+    (a key type paramiko does not know, a broken key) are skipped with a debug log, as ssh does.
+    A file is parsed again only when it changed (inode, size or mtime): a fan-out to 128 nodes
+    reads a big known_hosts once, not once per connection."""
     try:
-        text = path.read_text(errors="replace")
+        st = path.stat()
     except FileNotFoundError:
         return []
+    except OSError as exc:
+        log.warning("cannot read known_hosts %s: %s", path, exc)
+        return []
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+    with _parsed_lock:
+        cached = _parsed.get(path)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    entries = _parse_entries(path)
+    with _parsed_lock:
+        _parsed[path] = (stamp, entries)
+    return entries
+
+
+def _parse_entries(path: Path) -> list[Entry]:
+    try:
+        text = path.read_text(errors="replace")
     except OSError as exc:
         log.warning("cannot read known_hosts %s: %s", path, exc)
         return []
@@ -231,13 +254,7 @@ class KnownHosts:
     def known(self, name: str, read_only: Iterable[Path] | None = None) -> dict[str, paramiko.PKey]:
         """Good keys of ``name`` (a :func:`known_hosts_name`) by key type; a revoked key is never
         one, and svconsole's own file wins over the system ones."""
-        entries = [e for e in self.entries(read_only) if e.matches(name)]
-        revoked = [e for e in entries if e.marker == "@revoked"]
-        keys: dict[str, paramiko.PKey] = {}
-        for entry in entries:
-            if entry.marker is None and not any(r.same_key(entry.key) for r in revoked):
-                keys[entry.key.get_name()] = entry.key
-        return keys
+        return _good_keys([e for e in self.entries(read_only) if e.matches(name)])
 
     def prepare(
         self,
@@ -253,11 +270,10 @@ class KnownHosts:
         paramiko prefers their types and refuses a changed key) under ``connect_as``, the name
         paramiko itself looks up (:func:`host_id` of the address it connects to), and install
         ``policy`` (default this store's) for a host with no known key."""
-        read = None if read_only is None else tuple(read_only)
-        entries = [e for e in self.entries(read) if e.matches(name)]
+        entries = [e for e in self.entries(read_only) if e.matches(name)]
         revoked = tuple(e for e in entries if e.marker == "@revoked")
         table = client.get_host_keys()
-        for kind, key in self.known(name, read).items():
+        for kind, key in _good_keys(entries).items():
             table.add(connect_as or name, kind, key)
         check = HostKeyCheck(name, revoked)
         client.set_missing_host_key_policy(_Policy(self, check, policy or self.policy, on_accept))
@@ -279,6 +295,16 @@ class KnownHosts:
         accepted = AcceptedKey(name, key.get_name(), fingerprint(key), self.path)
         log.warning("%s", accepted)
         return accepted
+
+
+def _good_keys(entries: list[Entry]) -> dict[str, paramiko.PKey]:
+    """Of one host's lines, the good keys by type (a later file wins; revoked keys never count)."""
+    revoked = [e for e in entries if e.marker == "@revoked"]
+    keys: dict[str, paramiko.PKey] = {}
+    for entry in entries:
+        if entry.marker is None and not any(r.same_key(entry.key) for r in revoked):
+            keys[entry.key.get_name()] = entry.key
+    return keys
 
 
 class _Policy(paramiko.MissingHostKeyPolicy):

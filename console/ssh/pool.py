@@ -598,9 +598,12 @@ class Pool:
         if not jumps:
             return None
         hop = jumps[-1]
+        nodes = set(self.cluster.names())
         for peer in self._peers.values():
             ep = peer.endpoint
-            if ep is not None and (peer.node.name == hop.name or (
+            if ep is None or peer.node.name not in nodes:
+                continue  # only cluster nodes here: hops are matched by their key below
+            if (peer.node.name == hop.name or (
                     (ep.host, ep.port, ep.user) == (hop.host, hop.port, hop.user)
                     and [j.key for j in ep.jumps] == [j.key for j in hop.jumps])):
                 return peer
