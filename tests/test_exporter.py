@@ -437,6 +437,7 @@ def test_run_watcher_finds_a_live_run_follows_its_log_and_drops_it_after_the_end
     its logs ended and the retention passed."""
     from test_runs import stand_in_supervisor
 
+    from console.cluster.identity import identity
     from console.exporter import RunWatcher
     from console.training.runs import NodeRun, RunRecord, index_record, new_run_id, run_dir
 
@@ -450,7 +451,8 @@ def test_run_watcher_finds_a_live_run_follows_its_log_and_drops_it_after_the_end
                        output_dir=str(tmp_path), master="node0",
                        nodes=[NodeRun(node="node0", node_rank=0, log=str(log),
                                       pid_file=f"{own}/node0.pid",
-                                      exit_file=f"{own}/node0.exit")])
+                                      exit_file=f"{own}/node0.exit")],
+                       identity=identity(cluster, create=True).to_dict())
     supervisor = stand_in_supervisor(record, "node0")
     index_record(record, tmp_path)
     want = last_train_line(TRAIN_LOG)

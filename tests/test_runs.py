@@ -175,13 +175,22 @@ def test_a_console_elsewhere_finds_the_live_run_through_the_nodes(cluster2, pool
 
 def test_a_cluster_sharing_the_hosts_never_sees_or_stops_the_others_run(fresh_loopback, pools,
                                                                           tmp_path):
-    """Two cluster.yaml files on the same hosts (both named loopback, B has a node2 that A
-    lacks): A's consoles neither list, index, ask nor stop B's run, even with B's record in
-    the same state directory."""
-    lb_a, lb_b = fresh_loopback(2), fresh_loopback(3)
+    """Two cluster.yaml files with the same name, the same node names and the same addresses,
+    on other SSH ports (two loopback clusters on one machine: the node scan sees both clusters'
+    processes): A's consoles neither list, index, ask nor stop B's run, even with B's record in
+    the same state directory. The cluster id each launch wrote into its cluster.yaml (comments
+    kept, the old file kept as .bak) is what tells them apart; a copied id still does not match
+    another port or another host key, and a renamed cluster keeps its runs."""
+    from console.cluster.identity import cluster_id
+    from console.cluster.model import ClusterEditor
+
+    lb_a, lb_b = fresh_loopback(2), fresh_loopback(2)
+    lb_a.cluster_yaml.write_text("# our lab\n" + lb_a.cluster_yaml.read_text())
     cluster_a, cluster_b = load_cluster(lb_a.cluster_yaml), load_cluster(lb_b.cluster_yaml)
-    assert cluster_a.name == cluster_b.name and \
-        [n.host for n in cluster_a.nodes] == [n.host for n in cluster_b.nodes][:2]
+    assert cluster_a.name == cluster_b.name and cluster_a.names() == cluster_b.names()
+    assert [n.host for n in cluster_a.nodes] == [n.host for n in cluster_b.nodes]
+    assert cluster_a.nodes[0].port != cluster_b.nodes[0].port
+    assert cluster_id(cluster_a) is None  # none until the first launch
     pool_a, pool_b = Pool(cluster_a), Pool(cluster_b)
     pools += [pool_a, pool_b]
     state = tmp_path / "state"  # one user's state directory, for both clusters
@@ -190,26 +199,46 @@ def test_a_cluster_sharing_the_hosts_never_sees_or_stops_the_others_run(fresh_lo
     ours = launch(pool_a, dummy_plan(lb_a, cluster_a, lb_a.shared_dir / "out", steps=600),
                   tmp_path / "a")
     try:
+        id_a = load_cluster(lb_a.cluster_yaml).id
+        assert id_a and id_a != load_cluster(lb_b.cluster_yaml).id
+        assert lb_a.cluster_yaml.read_text().startswith("# our lab\n")
+        assert f"id: {id_a}" not in (lb_a.cluster_yaml.parent / "cluster.yaml.bak").read_text()
+        assert ours.identity["cluster_id"] == id_a
+        assert all(n["fingerprints"] for n in ours.identity["nodes"]), ours.identity
         deadline = time.monotonic() + 20
-        while len(set(tagged(theirs.id).values())) < 3 and time.monotonic() < deadline:
+        while len(set(tagged(theirs.id).values())) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         before = tagged(theirs.id)
-        assert sorted(set(before.values())) == ["node0", "node1", "node2"]
+        assert sorted(set(before.values())) == ["node0", "node1"]
 
         elsewhere = tmp_path / "elsewhere"  # empty index: only the nodes know
         assert [s.record.id for s in runs.find_runs(pool_a, elsewhere)] == [ours.id]
         assert not (elsewhere / "runs" / f"{theirs.id}.json").exists()  # never indexed
         assert [s.record.id for s in runs.find_runs(pool_a, state)] == [ours.id]
+        assert [s.record.id for s in runs.find_runs(pool_b, elsewhere / "b")] == [theirs.id]
         with pytest.raises(runs.RunNotFound, match="no run"):
             runs.resolve_run(pool_a, state, theirs.id)
-        with pytest.raises(runs.ForeignRun, match="has no node 'node2'"):
+        with pytest.raises(runs.ForeignRun, match="belongs to cluster id"):
             runs.stop_run(pool_a, theirs, grace=1)
-        with pytest.raises(runs.ForeignRun, match="has no node 'node2'"):
+        with pytest.raises(runs.ForeignRun, match="belongs to cluster id"):
             runs.run_status(pool_a, theirs)
-        moved = runs.RunRecord.from_dict(ours.to_dict())
-        moved.plan["nodes"][1]["host"] = "10.0.0.9"
-        assert runs.foreign_reason(moved, cluster_a) == (
-            "it ran node 'node1' on 10.0.0.9, cluster 'loopback' has 'node1' on 127.0.1.2")
+
+        copied = runs.RunRecord.from_dict(theirs.to_dict())  # B's run under A's id
+        copied.identity["cluster_id"] = id_a
+        port_a, port_b = cluster_a.nodes[0].port, cluster_b.nodes[0].port
+        assert runs.foreign_reason(copied, pool_a.cluster, runs.own_identity(pool_a)) == (
+            f"it ran node 'node0' on 127.0.1.1:{port_b}, cluster 'loopback' has it on "
+            f"127.0.1.1:{port_a}")
+        rekeyed = runs.RunRecord.from_dict(ours.to_dict())
+        rekeyed.identity["nodes"][1]["fingerprints"] = ["SHA256:another-machine"]
+        assert "node 'node1' had host key SHA256:another-machine, the one known here is " \
+            "SHA256:" in runs.foreign_reason(rekeyed, pool_a.cluster, runs.own_identity(pool_a))
+
+        editor = ClusterEditor(lb_a.cluster_yaml)  # renamed: still the same cluster
+        editor.set("cluster.name", "lab-a")
+        renamed = editor.save()
+        with Pool(renamed) as pool:
+            assert [s.record.id for s in runs.find_runs(pool, tmp_path / "a")] == [ours.id]
 
         result = runs.stop_run(pool_a, ours, grace=1)
         assert all(r.ok for r in result.values()) and not tagged(ours.id), result
@@ -371,9 +400,12 @@ def test_planted_records_on_a_node_are_never_indexed_followed_or_signalled(clust
                                                                           tmp_path):
     """Processes on node0 name planted records in SVCONSOLE_RECORD: one whose id is
     ``../../outside``, one whose log is /etc/passwd, and one well-formed record whose pid is
-    an innocent session leader (its start time copied). The first two are never indexed (no
+    an innocent session leader (its start time and the cluster's identity copied). The first
+    two are never indexed (no
     file outside the state directory); the third is listed, but its pid is not taken for the
     run's supervisor: stopping it leaves the innocent process alive."""
+    from console.cluster.identity import identity
+
     lb, cluster = cluster2
     pool = Pool(cluster)
     pools.append(pool)
@@ -397,6 +429,7 @@ def test_planted_records_on_a_node_are_never_indexed_followed_or_signalled(clust
         leak["nodes"][0]["log"] = "/etc/passwd"
         plant("b", leak)
         decoy = good_record_data(str(lb.shared_dir / "c"), "20261130-000003-cccc")
+        decoy["identity"] = identity(cluster, create=True).to_dict()  # not a secret: copied
         decoy["nodes"][0].update(pid=innocent.pid, start_ticks=start_ticks_of(innocent.pid))
         decoy["nodes"][1].update(pid=innocent.pid, start_ticks=start_ticks_of(innocent.pid))
         plant("c", decoy)

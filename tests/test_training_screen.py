@@ -23,6 +23,7 @@ from textual.notifications import Notify
 
 import screens.app
 import screens.training as training_screen
+from console.cluster.identity import identity
 from console.cluster.model import Cluster, Node, load_cluster
 from console.ssh.pool import Pool
 from console.training.follow import Position, RunUpdate
@@ -71,7 +72,8 @@ def a_record(cluster: Cluster, run_id: str = RUN_ID,
                      [NodeRun(n, i, f"{plan.output_dir}/logs/{n}.log", f"{own}/{n}.pid",
                               f"{own}/{n}.exit")
                       for i, n in enumerate(cluster.names())],
-                     plan.to_dict(), profile.to_dict())
+                     plan.to_dict(), profile.to_dict(),
+                     identity=identity(cluster, create=cluster.path is not None).to_dict())
 
 
 class Feeder:

@@ -147,6 +147,10 @@ class Cluster:
     """Training interpreter on the nodes (a venv's or conda env's bin/python); None: python3."""
     path: Path | None = None
     """File it came from; None for the embedded default."""
+    id: str | None = None
+    """``cluster.id``: this cluster's identity, written by svconsole on first use (see
+    ``console.cluster.identity``); it survives renames and tells apart two clusters on the
+    same hosts."""
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -242,6 +246,7 @@ _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _HOST = re.compile(r"(?!-)[A-Za-z0-9._:%\[\]-]+")
 _USER = re.compile(r"(?!-)[A-Za-z0-9._][A-Za-z0-9._$-]*")
 _GPU_INDEX = re.compile(r"[0-9]{1,6}")
+_CLUSTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{7,63}")
 
 
 def _describe(value: Any) -> str:
@@ -294,6 +299,8 @@ _node_name = _matching(
 )
 _host = _matching(_HOST, "a host name or IP address")
 _user = _matching(_USER, "a user name")
+_cluster_id = _matching(_CLUSTER_ID, "8 to 64 letters, digits, '.', '_' or '-' (svconsole "
+                        "generates it: leave it as it is)")
 
 
 def _port(value: Any) -> int:
@@ -439,6 +446,7 @@ _CLUSTER_FIELDS = {
     "master": _Field(_node_name),
     "master_port": _Field(_port),
     "python": _Field(_one_line),
+    "id": _Field(_cluster_id),
 }
 _SSH_FIELDS = {
     "user": _Field(_user),

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from console.bringup.model import nccl_env_file
+from console.cluster.identity import IdentityError, identity
 from console.cluster.model import Cluster
 from console.cluster.redact import is_secret, redact, redact_env
 from console.ssh.pool import Pool, RemoteError
@@ -395,9 +396,10 @@ def _config_check(pool: Pool, plan: LaunchPlan, profile: TrainingProfile,
                          f"{path} is not readable on {plan.master}: "
                          f"{result.error or result.stderr.strip() or 'exit ' + str(result.exit)}")
         text = result.stdout
-    spec = dsconfig.ClusterSpec(
-        tuple(dsconfig.NodeSpec(n.node, n.nproc, cpu_cores=infos[n.node].cpus)
-              for n in plan.nodes), pool.cluster.shared_dir, "launch plan")
+    spec = dsconfig.ClusterSpec(  # the ranks and each node's training stack, as they will run
+        tuple(dsconfig.NodeSpec(n.node, n.nproc, cpu_cores=infos[n.node].cpus, versions=tuple(
+            sorted((k, v) for k, v in infos[n.node].versions.items() if v)))
+              for n in plan.nodes), pool.cluster.shared_dir, "launch plan", entry=plan.entry)
     report = dsconfig.validate(text, name=path, profile=profile, cluster=spec)
     if report.ok:
         return Check("deepspeed config", True,
@@ -495,6 +497,12 @@ def launch(pool: Pool, prep: Preparation, state_dir: Path, *, force: bool = Fals
         [NodeRun(n.node, n.node_rank, n.log, f"{own}/{n.node}.pid",
                  f"{own}/{n.node}.exit") for n in plan.nodes],
         plan.to_dict(), prep.profile.to_dict(), resumed_from)
+    try:
+        here = identity(pool.cluster, create=True, known_hosts=pool.known_hosts)
+    except IdentityError as exc:
+        raise LaunchError(str(exc)) from None
+    assert here is not None  # create=True
+    record.identity = here.to_dict()
     try:
         _put_secrets(pool, plan, record)
         if plan.entry == "cpu-wrapper":

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from console.atomic import atomic_write
+from console.cluster.identity import ClusterIdentity, identity, mismatch
 from console.cluster.model import Cluster
 from console.ssh.pool import Pool, Stream
 from console.ssh.remote import script_text
@@ -156,6 +157,9 @@ class RunRecord:
     plan: dict[str, Any] = field(default_factory=dict)
     profile: dict[str, Any] = field(default_factory=dict)
     resumed_from: str | None = None
+    identity: dict[str, Any] | None = None
+    """The launching cluster's :class:`console.cluster.identity.ClusterIdentity` (its
+    ``to_dict``); a run without one belongs to no cluster."""
 
     @property
     def record_path(self) -> str:
@@ -192,6 +196,7 @@ _RECORD_FIELDS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "id": (str, True), "created": (_NUMBER, True), "cluster": (str, True),
     "output_dir": (str, True), "master": (str, True), "nodes": (list, True),
     "plan": (dict, False), "profile": (dict, False), "resumed_from": ((str, type(None)), False),
+    "identity": ((dict, type(None)), False),
 }
 """Field -> (allowed types, required) of a record's JSON."""
 _NODE_FIELDS: dict[str, tuple[type | tuple[type, ...], bool]] = {
@@ -270,6 +275,11 @@ def check_record(data: Any, source: str) -> RunRecord:
         nodes.append(NodeRun(**n))
     if values["master"] not in seen:
         raise BadRecord(f"{where}: master: {values['master']!r:.60} is not one of its nodes")
+    if values.get("identity") is not None:
+        try:
+            ClusterIdentity.from_dict(values["identity"])
+        except ValueError as exc:
+            raise BadRecord(f"{where}: {exc}") from None
     values["nodes"] = nodes
     return RunRecord(**values)
 
@@ -292,30 +302,45 @@ class ForeignRun(RunNotFound):
     nor stopped from here."""
 
 
-def foreign_reason(record: RunRecord, cluster: Cluster) -> str | None:
-    """Why ``record`` is not a run of ``cluster`` (``None`` when it is): another cluster name, a
-    node this cluster does not have, or a node the plan put on another host than this cluster's
-    node of that name (the hosts are checked where the record's plan lists them)."""
-    if record.cluster != cluster.name:
-        return f"it belongs to cluster {record.cluster!r}, not {cluster.name!r}"
-    hosts = {n.name: n.host for n in cluster.nodes}
-    missing = [n.node for n in record.nodes if n.node not in hosts]
+_HERE: Any = object()
+
+
+def own_identity(pool_or_cluster: Pool | Cluster) -> ClusterIdentity | None:
+    """The identity runs must carry to be this cluster's (None: the cluster has no id yet, so
+    no run is its). With a pool, host keys are those its known_hosts holds."""
+    if isinstance(pool_or_cluster, Cluster):
+        return identity(pool_or_cluster)
+    return identity(pool_or_cluster.cluster, known_hosts=pool_or_cluster.known_hosts)
+
+
+def foreign_reason(record: RunRecord, cluster: Cluster, here: ClusterIdentity | None = _HERE
+                   ) -> str | None:
+    """Why ``record`` is not a run of ``cluster`` (``None`` when it is): no identity, another
+    cluster id, a node this cluster does not have, a node on another host or port, or with
+    another host key (:func:`console.cluster.identity.mismatch`). The cluster's name does not
+    count (it may have been renamed). ``here``: :func:`own_identity`, when already known."""
+    name = f"cluster {cluster.name!r}"
+    if record.identity is None:
+        return "it carries no cluster identity (launched by an older svconsole)"
+    if here is _HERE:
+        here = identity(cluster)
+    names = set(cluster.names())
+    missing = [n.node for n in record.nodes if n.node not in names]
     if missing:
-        return f"cluster {cluster.name!r} has no node {', '.join(map(repr, missing))}"
-    for planned in record.plan.get("nodes", []):
-        name, host = planned.get("node"), planned.get("host")
-        if host is not None and hosts.get(name) != host:
-            return (f"it ran node {name!r} on {host}, cluster {cluster.name!r} has "
-                    f"{name!r} on {hosts.get(name)}")
-    return None
+        return f"{name} has no node {', '.join(map(repr, missing))}"
+    try:
+        theirs = ClusterIdentity.from_dict(record.identity)
+    except ValueError as exc:
+        return f"its {exc}"
+    return mismatch(theirs, here, name)
 
 
-def check_own(record: RunRecord, cluster: Cluster) -> None:
+def check_own(record: RunRecord, cluster: Cluster, here: ClusterIdentity | None = _HERE) -> None:
     """Raise :class:`ForeignRun` when ``record`` is not a run of ``cluster``, and
     :class:`BadRecord` when it is not a record svconsole could have written (its pids, log and
     exit files are never handed to a node then)."""
     check_record(record.to_dict(), f"run {record.id!r:.60}")
-    why = foreign_reason(record, cluster)
+    why = foreign_reason(record, cluster, here)
     if why is not None:
         raise ForeignRun(f"run {record.id} is not a run of this cluster: {why}")
 
@@ -369,7 +394,8 @@ def find_record(state_dir: Path, run: str, cluster: Cluster | None = None) -> Ru
     Raises :class:`RunNotFound` with the known ids."""
     records = load_index(state_dir)
     if cluster is not None:
-        records = [r for r in records if foreign_reason(r, cluster) is None]
+        here = identity(cluster)
+        records = [r for r in records if foreign_reason(r, cluster, here) is None]
     if run == "latest" and records:
         return records[0]
     matches = [r for r in records if r.id == run] or [r for r in records if r.id.startswith(run)]
@@ -453,10 +479,11 @@ def node_args(record: RunRecord, node: NodeRun) -> dict[str, Any]:
             "record": record.record_path}
 
 
-def run_status(pool: Pool, record: RunRecord) -> RunStatus:
+def run_status(pool: Pool, record: RunRecord, *, here: ClusterIdentity | None = _HERE
+               ) -> RunStatus:
     """Ask every node of the run (in parallel) how it stands. Raises :class:`ForeignRun` for
-    a run of another cluster."""
-    check_own(record, pool.cluster)
+    a run of another cluster (``here``: :func:`own_identity`, when already known)."""
+    check_own(record, pool.cluster, own_identity(pool) if here is _HERE else here)
     replies = node_calls(pool, "status", {n.node: node_args(record, n) for n in record.nodes},
                          timeout=30)
     nodes = {}
@@ -510,7 +537,9 @@ def find_runs(pool: Pool, state_dir: Path, *, limit: int = 20,
     output_dir and added to the index: this console reattaches to them). Runs of another cluster
     (:func:`foreign_reason`) are left out, wherever they were found."""
     cluster = pool.cluster
-    records = [r for r in load_index(state_dir) if foreign_reason(r, cluster) is None][:limit]
+    here = own_identity(pool)
+    records = [r for r in load_index(state_dir)
+               if foreign_reason(r, cluster, here) is None][:limit]
     known = {r.id for r in records}
     foreign: set[str] = set()
     for node, runs in scan_nodes(pool, cluster.names()).items():
@@ -524,14 +553,14 @@ def find_runs(pool: Pool, state_dir: Path, *, limit: int = 20,
                 log.warning("run record ignored: %s", exc)
                 foreign.add(str(entry["run_id"]))
                 continue
-            if foreign_reason(record, cluster) is not None:
+            if foreign_reason(record, cluster, here) is not None:
                 foreign.add(record.id)
                 continue
             index_record(record, state_dir)
             records.append(record)
             known.add(record.id)
     records.sort(key=lambda r: r.id, reverse=True)
-    statuses = [run_status(pool, r) for r in records]
+    statuses = [run_status(pool, r, here=here) for r in records]
     return [s for s in statuses if s.live] if live_only else statuses
 
 
@@ -558,7 +587,7 @@ def stop_run(pool: Pool, record: RunRecord, *, grace: float = 20.0) -> dict[str,
     """SIGTERM every node's process group and every process of the run, SIGKILL what is left
     after ``grace`` seconds, and check that every rank is gone on every node (in parallel).
     Raises :class:`ForeignRun` (nothing signalled) for a run of another cluster."""
-    check_own(record, pool.cluster)
+    check_own(record, pool.cluster, own_identity(pool))
     per_node = {n.node: {**node_args(record, n), "grace": grace} for n in record.nodes}
     replies = node_calls(pool, "stop", per_node, timeout=grace + 60)
     out = {}
