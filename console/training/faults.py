@@ -812,7 +812,6 @@ _NCCL_PREFIX = re.compile(r"^\S+:\d+:\d+ \[(\d+)\] ")
 _LOCAL_PREFIX = re.compile(r"\[([a-z_]+?)(\d+)\]:")
 _BLOCK_START = re.compile(r"^\[\d+\]:\s*$")
 _BLOCK_RANK = re.compile(r"^\s+rank\s*: (\d+) \(local_rank: (\d+)\)")
-_BLOCK_HOST = re.compile(r"^\s+host\s*: (\S+)")
 _LOCAL_RANK = re.compile(r"local_rank: (\d+) \(pid|--local_rank=(\d+)")
 _PG_RANK = re.compile(r"\[(?:PG (?:ID )?\d+ (?:PG GUID \S+ )?)?Rank (\d+)\]|, rank=(\d+),")
 _PID = re.compile(r"\(pid: (\d+)\)|received by PID (\d+)")
@@ -943,9 +942,6 @@ class FaultScanner:
         m = _BLOCK_RANK.match(body)
         if m:
             self._block["rank"] = int(m.group(1))
-        m = _BLOCK_HOST.match(body)
-        if m:
-            self._block["host"] = m.group(1)
         return self._block.get("rank")
 
     def _rank_of(self, text: str, event: Event | None) -> int | None:
@@ -983,7 +979,8 @@ class FaultScanner:
                 line_no: int | None = None) -> None:
         line_no = self.line_no if line_no is None else line_no
         real, detail = _detail(f, text, self.context)
-        key = (real.id, self.context.node, rank)
+        node = self.context.node
+        key = (real.id, node, rank)
         pid = _PID.search(text)
         if pid and real.id in ("worker-exit", "host-oom-kill"):
             pid_no = int(pid.group(1) or pid.group(2))
@@ -996,11 +993,13 @@ class FaultScanner:
                 key = earlier
                 rank = earlier[2]
             self._pids[pid_no] = key
+            if len(self._pids) > 1024:  # the oldest go: a summary follows its exits closely
+                del self._pids[next(iter(self._pids))]
         step = None
         if real.id in ("loss-divergence", "loss-negative"):
             step = getattr(parse_line(text), "total_step", None)
         known = self.collector.get(key) is not None
-        self.collector.add(real, text, node=self.context.node, rank=rank, line_no=line_no,
+        self.collector.add(real, text, node=node, rank=rank, line_no=line_no,
                            detail=detail, step=step)
         if f.generic and not known:
             cause = self._cause_for(rank, own=_crashed_by_itself(text))
@@ -1020,10 +1019,10 @@ class FaultScanner:
                 return seen[0]
         return None
 
-    def _cause(self, text: str, rank: int | None, *, replace_line: int | None = None) -> None:
+    def _cause(self, text: str, rank: int | None) -> None:
         """A line that says why: remember it for the generic failures that follow, and give it
         to those that came before it and still wait."""
-        self._causes[rank] = self._causes[None] = (text, replace_line or self.line_no)
+        self._causes[rank] = self._causes[None] = (text, self.line_no)
         if not self._waiting:
             return
         still = []
