@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import importlib
 import threading
+import time
 import traceback
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from textual import work
 from textual.app import App, SystemCommand
 from textual.dom import DOMNode
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.worker import Worker, WorkerState
 
 from screens.base import ConsoleScreen
@@ -21,6 +23,7 @@ from screens.bridge import follow_node_states
 from screens.broken import BrokenScreen, ScreenFailure
 from screens.help import HelpScreen
 from screens.keys import GLOBAL_BINDINGS, SCREENS
+from screens.leave import LeaveDialog, Unsaved, unsaved_work
 from screens.messages import NodeStatusChanged
 
 if TYPE_CHECKING:
@@ -56,6 +59,10 @@ def _failed_screen(error: BaseException) -> Screen | None:
     return None
 
 
+#: Seconds "save, then quit" waits for the saves (their dialogs answered) before giving up.
+SAVE_WAIT = 120.0
+
+
 class SVConsoleApp(App[int]):
     """One app, one cluster, one pool. Screens read ``app.cluster`` and ``app.pool``."""
 
@@ -73,6 +80,8 @@ class SVConsoleApp(App[int]):
         #: panel instead of ending the app (``svconsole`` runs so; tests see the exception).
         self.contain_screen_errors = contain_screen_errors
         self._failed_screens: weakref.WeakSet[Screen] = weakref.WeakSet()
+        #: The check of a "save, then quit" or "quit when done" under way.
+        self._waiting: Timer | None = None
         self.cluster = cluster
         self.pool = pool
         self.health_interval = health_interval
@@ -115,10 +124,85 @@ class SVConsoleApp(App[int]):
         if telemetry is not None:
             telemetry.stop(wait=wait)
 
-    def reload_cluster(self, cluster: Cluster) -> None:
-        """Make ``cluster`` (just saved from the Nodes screen) the app's: a pool for it, the
-        header following it, health checks on it; the other screens are built anew on their next
-        visit (their workers stop with them), and the old pool closes in the background."""
+    # ------------------------------------------------------------------ leaving
+
+    async def action_quit(self) -> None:
+        """``q``: quit, asking first when a screen or dialog has unsaved work (q again while
+        a save or a run is awaited asks again)."""
+        self._stop_waiting()
+        self.leave("quit", self.exit)
+
+    def leave(self, verb: str, proceed: Callable[[], object]) -> None:
+        """Run ``proceed`` (quit, reload the cluster) now if nothing would be lost, else ask
+        (screens/leave.py): save, go on anyway, go on when done, or cancel."""
+        items = list(unsaved_work(self, self._screen_stacks))
+        if not items:
+            proceed()
+            return
+
+        def answered(choice: str | None) -> None:
+            if choice == "discard":
+                for item in items:
+                    discard = getattr(item.screen, "discard_work", None)
+                    if callable(discard):
+                        discard()
+                proceed()
+            elif choice in ("save", "wait"):
+                if choice == "save":
+                    self._save(items)
+                self._proceed_when_clear(verb, proceed, deadline=SAVE_WAIT if choice == "save"
+                                         else None)
+
+        self.push_screen(LeaveDialog(verb, items), answered)
+
+    def _save(self, items: list[Unsaved]) -> None:
+        """Each screen with unsaved edits saves as it always does, from its own mode (the
+        first one's shown, so its save dialogs are seen)."""
+        savable = [item for item in items if item.savable]
+        if savable and savable[0].mode != self.current_mode:
+            self.switch_mode(savable[0].mode)
+        for item in savable:
+            item.screen.action_save()  # type: ignore[attr-defined]
+
+    def _proceed_when_clear(self, verb: str, proceed: Callable[[], object],
+                            deadline: float | None) -> None:
+        """Go on once no screen has unsaved work (checked twice a second); give up after
+        ``deadline`` seconds (None: wait as long as it takes). q again asks again."""
+        started = time.monotonic()
+
+        def check() -> None:
+            if not any(True for _ in unsaved_work(self, self._screen_stacks)):
+                self._stop_waiting()
+                proceed()
+            elif deadline is not None and time.monotonic() - started > deadline:
+                self._stop_waiting()
+                self.notify(f"still not saved after {deadline:g} s: not going to {verb}",
+                            severity="warning", timeout=8)
+
+        self._waiting = self.set_interval(0.5, check, name=f"{verb} when clear")
+        self.notify(f"going to {verb} once nothing is left unsaved (q again to change that)",
+                    timeout=6)
+
+    def _stop_waiting(self) -> None:
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            waiting.stop()
+
+    def reload_cluster(self, cluster: Cluster, then: Callable[[], object] | None = None) -> None:
+        """Make ``cluster`` (just saved from the Nodes screen) the app's, asking first when a
+        screen has unsaved work (the other screens are built anew); ``then`` runs after it.
+        Cancelled, the console goes on with the cluster it had (the file stays saved)."""
+        def reload() -> None:
+            self._reload_cluster(cluster)
+            if then is not None:
+                then()
+
+        self.leave("reload the cluster", reload)
+
+    def _reload_cluster(self, cluster: Cluster) -> None:
+        """A pool for ``cluster``, the header following it, health checks on it; the other
+        screens are built anew on their next visit (their workers stop with them), and the old
+        pool closes in the background."""
         from console.ssh.pool import Pool
 
         old = self.pool

@@ -198,6 +198,25 @@ class NodeForm(ConsoleModal):
                 yield Button("Save (ctrl+s)", id="save", variant="primary", compact=True)
                 yield Button("Cancel (esc)", id="cancel", compact=True)
 
+    def on_mount(self) -> None:
+        self._initial_values = self.values()
+
+    def typed_edits(self) -> str | None:
+        """The fields typed but not saved, in words ("the new node's name, host")."""
+        before = getattr(self, "_initial_values", None)
+        if before is None:
+            return None
+        changed = [key for key, value in self.values().items() if value != before.get(key)]
+        if not changed:
+            return None
+        whose = f"node {self.node_name}'s" if self.node_name else "the new node's"
+        return f"{whose} {', '.join(changed)}"
+
+    def unsaved_work(self) -> str | None:
+        """What closing the form would lose; the app asks before it quits."""
+        edits = self.typed_edits()
+        return None if edits is None else f"Nodes: {edits} typed, not saved to cluster.yaml."
+
     def values(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, _, _ in FIELDS:
@@ -221,7 +240,18 @@ class NodeForm(ConsoleModal):
 
     @on(Button.Pressed, "#cancel")
     def action_cancel(self) -> None:
-        self.dismiss(None)
+        """Close without saving; typed edits are discarded only once confirmed."""
+        edits = self.typed_edits()
+        if edits is None:
+            self.dismiss(None)
+            return
+        question = f"Discard {edits}? Nothing is written to cluster.yaml."
+
+        def answered(discard: bool | None) -> None:
+            if discard:
+                self.dismiss(None)
+
+        self.app.push_screen(ConfirmDialog(question), answered)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="nodes.form",
           name="save cluster.yaml")

@@ -697,8 +697,11 @@ class NodesScreen(ConsoleScreen):
             self.post_message(ClusterChanged(cluster, f"saved {cluster.path}"))
 
     def on_cluster_changed(self, message: ClusterChanged) -> None:
+        # the app asks first when another screen has unsaved work (it is built anew)
         old = self.console.cluster
-        self.console.reload_cluster(message.cluster)
+        self.console.reload_cluster(message.cluster, then=lambda: self._reloaded(old, message))
+
+    def _reloaded(self, old: Cluster, message: ClusterChanged) -> None:
         self._unsubscribe()
         self._unsubscribe = follow_node_states(self, self.console.pool)
         names = set(message.cluster.names())

@@ -169,6 +169,23 @@ class SetupScreen(ConsoleScreen):
         if self._feed is not None:
             self._feed.close()
 
+    def unsaved_work(self) -> str | None:
+        """A run under way (this console drives it: leaving stops it); the app asks before it
+        quits or reloads the cluster."""
+        runner = self.runner
+        if runner is None:
+            return None
+        cells = list(runner.cells.values())
+        finished = sum(1 for c in cells if c.state.final)
+        return (f"Setup: run {runner.run_id} is applying steps ({finished}/{len(cells)} cells "
+                "finished); this console drives it, so leaving stops it (running commands "
+                "cancelled, pending cells skipped).")
+
+    def discard_work(self) -> None:
+        """Leaving anyway: stop the run (as x does)."""
+        if self.runner is not None:
+            self.runner.cancel()
+
     @property
     def grid(self) -> StateGrid:
         return self.query_one("#setup-grid", StateGrid)
