@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 
 from console.bringup import Runner, SetupOptions, StepState
+from console.bringup.catalog import CATALOG
 from console.bringup.catalog import STEPS as CATALOG_STEPS
 from console.bringup.measure import MEASUREMENTS, node_script
 from console.bringup.model import Command, Phase, Step, StepContext
@@ -153,6 +154,29 @@ def test_storage_measurement_refuses_a_symlinked_folder(pool, tmp_path) -> None:
     assert outcome.state == StepState.FAILED
     assert "refusing" in outcome.detail and "symlink" in outcome.detail
     assert list(elsewhere.iterdir()) == []
+
+
+def test_nfs_mount_check_never_follows_a_planted_symlink(pool, tmp_path) -> None:
+    """The mount check writes a probe file on shared_dir (shared by a group, 2775) as root: a
+    group member's symlink at a fixed name would make root create any file (/etc/nologin)."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    (stubs / "findmnt").write_text("#!/bin/sh\necho 'nfs4 head:/shared'\n")  # as if mounted
+    (stubs / "findmnt").chmod(0o755)
+    cluster = pool.cluster
+    shared = cluster.local_path(cluster.shared_dir)
+    target = tmp_path / "made-by-root"
+    planted = shared / ".svconsole-mount-node1"
+    planted.symlink_to(target)
+    try:
+        ctx = StepContext(cluster, cluster.node("node1"), SetupOptions())
+        for command in CATALOG["nfs-mount"].verify(ctx):
+            result = pool.run("node1", command.text, env={"PATH": f"{stubs}:{os.environ['PATH']}"})
+            assert result.ok, result
+    finally:
+        planted.unlink(missing_ok=True)
+    assert not target.exists()
+    assert not list(shared.glob(".svconsole-mount-node1.*"))  # its own probe is gone too
 
 
 # ------------------------------------------------------------------------------ secrets

@@ -317,9 +317,12 @@ def _nfs_mount_apply(ctx: StepContext) -> list[Command]:
 
 
 def _nfs_mount_verify(ctx: StepContext) -> list[Command]:
-    shared = ctx.cluster.shared_dir
-    probe = q(f"{shared}/.svconsole-mount-{ctx.node.name}")
-    return [Command(f"findmnt -n -o FSTYPE,SOURCE {q(shared)} && touch {probe} && rm -f {probe}")]
+    """The mount is there and writable: a new file of its own (mktemp: O_EXCL, a random name;
+    the group shares the directory, so a fixed name could be a planted symlink), removed."""
+    shared = q(ctx.cluster.shared_dir)
+    probe = q(f".svconsole-mount-{ctx.node.name}.XXXXXXXX")
+    return [Command(f"findmnt -n -o FSTYPE,SOURCE {shared} && "
+                    f"probe=$(mktemp -p {shared} {probe}) && rm -f -- \"$probe\"")]
 
 
 def _nfs_mount_changes(cluster: Cluster, options: SetupOptions) -> str:
