@@ -151,6 +151,29 @@ def test_use_ssh_config_false_and_fabric_reads_nothing(tmp_path: Path, monkeypat
         assert pool._peers["a"].gateway is None
 
 
+def test_fabric_never_applies_the_users_ssh_config(loopback, tmp_path, monkeypatch) -> None:
+    """A ~/.ssh/config that would send node1 elsewhere through a jump host changes nothing when
+    svconsole's reading is off (fabric's own reading made it fail: "jump host is not
+    connected"), and, when on, is what svconsole applies, visibly."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    node1, node3 = loopback.node(1), loopback.node(3)
+    (home / ".ssh" / "config").write_text(
+        f"Host {node1.address}\n    HostName {node3.address}\n    ProxyJump nowhere.invalid\n")
+    monkeypatch.setenv("HOME", str(home))
+    with Pool(load_cluster(loopback.cluster_yaml)) as pool:  # loopback: use_ssh_config: false
+        result = pool.run("node1", 'echo "$SSH_CONNECTION"')
+        assert result.ok, result
+        assert result.stdout.split()[2] == node1.address
+    text = loopback.cluster_yaml.read_text().replace("use_ssh_config: false", "use_ssh_config: true")
+    (tmp_path / "cluster.yaml").write_text(text)
+    with Pool(load_cluster(tmp_path / "cluster.yaml")) as pool:
+        endpoint = pool.endpoint("node1")
+        assert endpoint is not None and endpoint.host == node3.address
+        assert endpoint.describe().endswith(" via nowhere.invalid")
+        assert "jump host nowhere.invalid unreachable" in (pool.run("node1", "true").error or "")
+
+
 def test_ipv6_jump_hosts_parse_once_the_same_everywhere(tmp_path: Path) -> None:
     for text, host, port, user in (("[fd00::1]:2222", "fd00::1", 2222, None),
                                    ("ops@[fd00::1]", "fd00::1", 22, "ops"),
