@@ -5,5 +5,7 @@ the round-trip editor), ``probe`` (one-round-trip facts per node and their cache
 ``model`` is the ground floor: it imports only ``console.atomic`` and the standard library, and
 every other package may import it. ``probe`` and ``inventory`` sit above ``console.ssh`` (they
 ask nodes through the pool) and may import ``model``, ``console.ssh``, ``console.atomic`` and
-``console.subscribers``. This ``__init__`` re-exports nothing, so importing the model never
+``console.subscribers``. ``redact`` (what counts as a secret, and the one function that hides
+secret values in plans, logs, JSON and the TUI) sits on the ground floor beside
+``console.atomic`` and imports only the standard library. This ``__init__`` re-exports nothing, so importing the model never
 pulls in the probe."""
