@@ -280,6 +280,41 @@ def test_status_changes_reach_subscribers_in_order(loopback) -> None:
         assert pool.status("node3").reason == order[-1]
 
 
+class CountingPool(Pool):
+    """The real pool, counting how many ``run`` calls are in flight at once."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(cluster)
+        self.in_flight = self.most = 0
+        self.count_lock = threading.Lock()
+
+    def run(self, *args, **kwargs):
+        with self.count_lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        try:
+            return super().run(*args, **kwargs)
+        finally:
+            with self.count_lock:
+                self.in_flight -= 1
+
+
+def test_max_parallel_bounds_run_record_calls(loopback) -> None:
+    """runs.node_calls (the run records of every node) talks to at most ssh.max_parallel nodes at
+    once, like every fan-out of the pool."""
+    from console.training.runs import NodeCallError, node_calls
+
+    for limit in (1, 3):
+        with CountingPool(cluster_of(loopback, max_parallel=limit)) as pool:
+            replies = node_calls(pool, "no-such-op", {n: {} for n in loopback.nodes}, timeout=60)
+            assert set(replies) == set(loopback.nodes)
+            assert all(isinstance(r, NodeCallError) for r in replies.values())
+            assert pool.most <= limit, pool.most
+            pool.most = 0
+            pool.run_all("sleep 0.3")
+            assert pool.most <= limit
+
+
 def test_health_loop_reconnects_restarted_node(loopback) -> None:
     seen: list[NodeStatus] = []
     with Pool(cluster_of(loopback, connect_timeout=2.0)) as pool:
