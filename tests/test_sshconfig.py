@@ -301,12 +301,12 @@ def test_effective_connection_is_shown_with_its_origins(fresh_loopback, tmp_path
     assert data["n3"]["origins"]["port"] == f"{tmp_path / 'ssh_config'}:24 (Host *)"
     cli.main(["--config", str(path), "nodes"])
     table = capsys.readouterr().out
-    assert via in table and f"user from {block}" in table
+    assert via in table and f"user {block}; identity {block}" in table
     cluster = load_cluster(path)
     with Pool(cluster) as pool:
         out = io.StringIO()
         render_connections(pool, cluster, out)
-        assert f"n3   {via}" in out.getvalue() and f"identity from {block}" in out.getvalue()
+        assert f"n3   {via}" in out.getvalue() and f"identity {block}" in out.getvalue()
         text = detail_text(cluster.node("n3"), None, pool.status("n3"), None, [], time.time(),
                            pool.endpoint("n3")).plain
     assert f"ssh: {via}" in text and f"user: {lb.user} ({block})" in text

@@ -228,8 +228,12 @@ class Endpoint:
         return [(label, values[key], self.origin(key)) for key, label in _EXPLAINED]
 
     def sources(self) -> str:
-        """One line: where host, port, user, identity and jump hosts came from."""
-        return "; ".join(f"{label} from {where}" for label, _, where in self.explain()[:5])
+        """One line: where host, port, user, identity and jump hosts came from (the defaults
+        named together at the end)."""
+        given = [(label, where) for label, _, where in self.explain()[:5]]
+        text = "; ".join(f"{label} {where}" for label, where in given if where != "default")
+        defaults = [label for label, where in given if where == "default"]
+        return "; ".join(t for t in (text, f"default {', '.join(defaults)}" if defaults else "") if t)
 
     def to_json(self) -> dict[str, Any]:
         return {
