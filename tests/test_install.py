@@ -286,3 +286,36 @@ def wait_match(tui: Tmux, pattern: str, timeout: float) -> str:
             return screen
         time.sleep(0.2)
     raise AssertionError(f"{pattern!r} not on screen after {timeout}s:\n{screen}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_installed_console_survives_a_module_left_out_of_the_wheel(installed):
+    """The failure this issue started from: a module missing from the install. Its screen is an
+    error panel naming the module and the exception; the other screens and quitting work."""
+    site = next(Path(installed["venv"]).glob("lib/python3*/site-packages"))
+    module = site / "screens" / "setup_widgets.py"
+    aside = module.with_name("setup_widgets.py.aside")
+    module.rename(aside)
+    try:
+        command = f"{installed['venv']}/bin/svconsole"
+        with Tmux(command, width=120, height=40, env=user_env(installed),
+                  cwd=installed["cwd"]) as tui:
+            tui.wait_for("nodes up", timeout=120)
+            tui.send("2")
+            screen = tui.wait_for("The Setup screen could not be built", timeout=60)
+            assert "module: screens.setup" in screen, screen
+            assert "ModuleNotFoundError: No module named 'screens.setup_widgets'" in screen, screen
+            for key, title in (("3", "Config"), ("5", "GPUs"), ("1", "Nodes")):
+                tui.send(key)
+                tui.send("?")
+                screen = wait_match(tui, rf"│ {title}\s+│", timeout=60)
+                assert BROKEN_SCREEN not in screen, screen
+                tui.send("Escape")
+                wait_match(tui, r"^(?![\s\S]*│ Keys\s)", timeout=60)
+            tui.send("q")
+            screen = wait_match(tui, r"\[exited", timeout=60)
+            assert "Traceback (most recent call last)" not in screen, screen
+            assert "[exited 0 ]" in screen, screen
+    finally:
+        aside.rename(module)
