@@ -186,7 +186,7 @@ def test_netns_reachability_of_a_plan(netns_cluster: NetnsCluster, profile_file)
         pool.close()
     assert {c.name for c in held} == {"master port reachable", "peer ports"}
     assert all(c.ok for c in held), [str(c) for c in held]
-    assert "the run's store answers" in next(c.message for c in held
+    assert "in use on the master and what holds it answers" in next(c.message for c in held
                                             if c.name == "master port reachable")
     assert {(c.name, c.node) for c in dropped if not c.ok} == \
         {("master port reachable", n) for n in netns_cluster.nodes[1:]}

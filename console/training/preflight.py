@@ -291,7 +291,8 @@ def _master_port_checks(target: Target, names: list[str], up: Mapping[str, dict]
         result, resolved = p.get("result"), p.get("resolved")
         ok = result == "ok" or bool(busy and result == "foreign")
         if ok:
-            note = " (the port is in use on the master: the run's store answers)" if busy else ""
+            note = (" (the port is in use on the master and what holds it answers: the run's "
+                    "store, for a run that is going)") if busy else ""
             text = f"{name} -> {where} connects{note}"
         elif result == "resolve":
             text = (f"master_addr {target.master_addr} does not resolve on {name}: "
