@@ -607,7 +607,8 @@ class TrainingScreen(ConsoleScreen):
             return
         out.append(f"run {self.record.id} ", style="bold")
         style = {"running": "bold green", "finished": "bold", "failed": "bold red",
-                 "stopped": "bold yellow", "lost": "bold red"}.get(self.run_state, "")
+                 "stopped": "bold yellow", "lost": "bold red",
+                 "unknown": "bold yellow"}.get(self.run_state, "")
         out.append(self.run_state or "?", style=style)
         if self.record.resumed_from:
             out.append(f" (resumes {self.record.resumed_from})", style="dim")
@@ -763,7 +764,7 @@ class TrainingScreen(ConsoleScreen):
 
     def action_stop(self) -> None:
         record = self.record
-        if record is None or self.run_state != "running":
+        if record is None or self.run_state not in ("running", "unknown"):
             self.notify("no running run to stop", severity="warning")
             return
         nodes = ", ".join(n.node for n in record.nodes)

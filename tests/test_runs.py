@@ -23,7 +23,7 @@ import pytest
 from console.cluster.model import load_cluster
 from console.ssh.pool import Pool
 from console.training import runs
-from console.training.launch import LaunchPlan, NodePlan, Preparation, launch
+from console.training.launch import LaunchError, LaunchPlan, NodePlan, Preparation, launch
 from console.training.profile import default_profile
 
 PROGRAM = textwrap.dedent("""
@@ -466,3 +466,60 @@ def test_the_node_script_refuses_paths_and_ids_of_no_run(cluster2, pools):
         with pytest.raises(runs.NodeCallError, match="refused"):
             runs.node_call(pool, "node0", "stop", {**ok, **bad, "grace": 0})
     assert runs.node_call(pool, "node0", "status", ok)["alive"] is False
+
+
+# ---------------------------------------------------------------- state that tells the truth
+
+
+def test_each_nodes_part_and_the_run_state_derived_from_them():
+    record = runs.check_record(good_record_data(), "x")
+
+    def status(**nodes: runs.NodeState) -> runs.RunStatus:
+        return runs.RunStatus(record, nodes)
+
+    up = runs.NodeState("node0", alive=True, processes=[5])
+    done = runs.NodeState("node1", exit=0)
+    away = runs.NodeState("node1", error="node1: status failed: connection refused",
+                          since=time.mktime((2026, 12, 1, 9, 30, 5, 0, 0, -1)))
+    assert up.part == "running" and done.part == "exited 0"
+    assert runs.NodeState("n", exit=3).part == "exited 3"
+    assert runs.NodeState("n", exit=-9).part == "killed by signal 9"
+    assert runs.NodeState("n", exit=-15, stop_signal=15).part == "killed by signal 15"
+    assert runs.NodeState("n").part == "lost (no process, no exit file)"
+    assert away.part == ("unknown (node unreachable since 09:30:05: node1: status failed: "
+                         "connection refused)")
+    assert status(node0=up, node1=away).state == "running"
+    assert status(node0=runs.NodeState("node0", exit=0), node1=away).state == "unknown"
+    assert status(node0=runs.NodeState("node0", exit=0), node1=away).live  # worth following
+    assert status(node0=runs.NodeState("node0", exit=0), node1=done).state == "finished"
+    assert status(node0=runs.NodeState("node0", exit=1), node1=done).state == "failed"
+    assert status(node0=runs.NodeState("node0"), node1=done).state == "lost"
+    assert status(node0=runs.NodeState("node0", exit=-15, stop_signal=15),
+                  node1=done).state == "stopped"
+    assert status(node0=up, node1=away).to_dict()["nodes"]["node1"]["part"] == away.part
+
+
+def test_an_unreachable_node_is_unknown_never_running(cluster2, pools, tmp_path):
+    lb, cluster = cluster2
+    pool = Pool(cluster)
+    pools.append(pool)
+    record = launch(pool, dummy_plan(lb, cluster, lb.shared_dir / "out", steps=3), tmp_path)
+    done = wait_state(pool, record, "finished")
+    assert done.state == "finished", done
+    lb.kill(1)
+    status = runs.run_status(pool, record)
+    assert status.state == "unknown" and status.nodes["node0"].part == "exited 0", status
+    assert status.nodes["node1"].part.startswith("unknown (node unreachable since "), status
+
+
+def test_a_launch_that_fails_on_a_node_leaves_nothing_in_the_index(cluster2, pools, tmp_path):
+    lb, cluster = cluster2
+    pool = Pool(cluster)
+    pools.append(pool)
+    prep = dummy_plan(lb, cluster, lb.shared_dir / "out", steps=600)
+    prep.plan.nodes[1].cwd = str(lb.shared_dir / "no-such-dir")
+    with pytest.raises(LaunchError, match="node1: working directory .* does not exist"):
+        launch(pool, prep, tmp_path)
+    assert not list((tmp_path / "runs").glob("*.json")) if (tmp_path / "runs").exists() else True
+    assert not tagged(prep.plan.run_id)  # node0's part was stopped
+    assert runs.find_runs(pool, tmp_path) == []

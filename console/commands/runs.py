@@ -2,7 +2,9 @@
 
 Lists the runs this machine launched and any run alive on the nodes (launched from elsewhere:
 found through its processes and its record in output_dir), newest first, with their state
-(running, finished, failed, stopped, lost) and each node's exit code. Exit status 0.
+(running, unknown, finished, failed, stopped, lost) derived from each node's part: running,
+exited N, killed by signal N, unknown (node unreachable since ...) or lost (no process, no exit
+file). A run is never shown running merely because a node could not be asked. Exit status 0.
 """
 
 from __future__ import annotations
@@ -42,9 +44,7 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
     for s in statuses:
         r = s.record
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created))
-        nodes = ", ".join(
-            f"{n}:{'running' if st.running else st.error or ('exit ' + str(st.exit))}"
-            for n, st in s.nodes.items())
+        nodes = "\n    ".join(f"{n}: {st.part}" for n, st in s.nodes.items())
         resumed = f"  (resumes {r.resumed_from})" if r.resumed_from else ""
         print(f"{r.id}  {s.state:<8}  {started}  {r.output_dir}{resumed}\n    {nodes}",
               file=ctx.out)

@@ -49,7 +49,7 @@ RECORD_NAME = "svconsole-run.json"
 PREFIX = "@svc"
 """Lines of the node script's replies start with this; anything else is shell noise."""
 
-RunState = Literal["starting", "running", "finished", "failed", "stopped", "lost"]
+RunState = Literal["starting", "running", "unknown", "finished", "failed", "stopped", "lost"]
 
 
 class NodeCallError(RuntimeError):
@@ -433,10 +433,28 @@ class NodeState:
     stop_signal: int | None = None
     log_size: int | None = None
     error: str | None = None
+    since: float | None = None
+    """With ``error``: since when the node has been unreachable (the pool's view)."""
 
     @property
     def running(self) -> bool:
         return self.alive or bool(self.processes)
+
+    @property
+    def part(self) -> str:
+        """This node's part of the run, as the operator reads it: ``running``, ``exited N``,
+        ``killed by signal N``, ``unknown (node unreachable since HH:MM:SS: why)`` or ``lost (no
+        process, no exit file)``."""
+        if self.error is not None:
+            when = time.strftime("%H:%M:%S", time.localtime(self.since or time.time()))
+            return f"unknown (node unreachable since {when}: {self.error})"
+        if self.running:
+            return "running"
+        if self.stop_signal or (self.exit is not None and self.exit < 0):
+            return f"killed by signal {self.stop_signal or -(self.exit or 0)}"
+        if self.exit is not None:
+            return f"exited {self.exit}"
+        return "lost (no process, no exit file)"
 
 
 @dataclass
@@ -448,11 +466,15 @@ class RunStatus:
 
     @property
     def state(self) -> RunState:
-        """running (anything alive, or a node that cannot be asked), stopped, failed (a non-zero
-        exit), finished (every node exited 0) or lost (gone without an exit code)."""
+        """Derived from the nodes' parts: running (something alive on a node that answered),
+        unknown (nothing alive where asked, but a node could not be asked), stopped (a stop
+        signal), failed (a non-zero exit), finished (every node exited 0) or lost (gone
+        without an exit code). Never running merely because a node could not be asked."""
         states = list(self.nodes.values())
-        if any(s.running or s.error for s in states):
+        if any(s.error is None and s.running for s in states):
             return "running"
+        if any(s.error is not None for s in states):
+            return "unknown"
         if any(s.stop_signal for s in states):
             return "stopped"
         if any(s.exit not in (None, 0) for s in states):
@@ -463,13 +485,15 @@ class RunStatus:
 
     @property
     def live(self) -> bool:
-        return self.state == "running"
+        """Running, or perhaps running (``unknown``: a node could not be asked): worth following
+        and stopping."""
+        return self.state in ("running", "unknown")
 
     def to_dict(self) -> dict[str, Any]:
         r = self.record
         return {"id": r.id, "state": self.state, "created": r.created, "cluster": r.cluster,
                 "output_dir": r.output_dir, "resumed_from": r.resumed_from,
-                "nodes": {n: asdict(s) for n, s in self.nodes.items()}}
+                "nodes": {n: {**asdict(s), "part": s.part} for n, s in self.nodes.items()}}
 
 
 def node_args(record: RunRecord, node: NodeRun) -> dict[str, Any]:
@@ -489,7 +513,9 @@ def run_status(pool: Pool, record: RunRecord, *, here: ClusterIdentity | None = 
     nodes = {}
     for name, reply in replies.items():
         if isinstance(reply, Exception):
-            nodes[name] = NodeState(name, error=str(reply))
+            seen = pool.status(name)
+            nodes[name] = NodeState(name, error=str(reply),
+                                    since=seen.since if seen.state != "up" else time.time())
             continue
         exit_info = reply.get("exit") or {}
         nodes[name] = NodeState(name, reply["alive"], reply["processes"], exit_info.get("code"),
