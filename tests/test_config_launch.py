@@ -109,6 +109,13 @@ async def test_validate_and_the_screen_agree_and_the_default_preset_trains(
                     assert "Train in fp32 (bf16.enabled false)" in error.fix
                     assert "funasr 1.4.16" in error.reason
                     assert "bf16-dtype-mismatch" in stdout and "Train in fp32" in stdout
+                    # and launch's pre-flight refuses it too, before any rank dies on it
+                    code, stdout = cli_out(*common, "launch", "--entry", "cpu-wrapper",
+                                           "--dry-run", "--json")
+                    [check] = [c for c in json.loads(stdout)["checks"]
+                               if c["name"] == "deepspeed config"]
+                    assert code == 1 and not check["ok"], check
+                    assert "(fault bf16-dtype-mismatch)" in check["message"], check
 
             # 3. the default preset, saved last there with ctrl+s: launch trains it
             assert dsconfig.PRESETS[-1] == "zero1_fp32"
