@@ -309,6 +309,9 @@ CASES: dict[str, tuple[str, dict, list[tuple[str, int | None, str]]]] = {
     "port-in-use.log": ("node0", {}, [("port-in-use", None, "port 29500 (the master port)")]),
     "connect-timeout-master.log": ("node2", {}, [
         ("master-port-unreachable", None, "10.99.0.1:29500 (node0) is the master port")]),
+    "rendezvous-incomplete-master.log": ("node0", {}, [
+        ("master-port-unreachable", None, "only 1 of 3 nodes reached the master's store "
+                                          "(master_port 29500) in 901 s")]),
     "connect-timeout-peer-gloo.log": ("node2", {}, [
         ("peer-unreachable", 4, "10.99.0.2:41733 (node1) is a peer, not the master port")]),
     "connect-refused-peer-on-master.log": ("node1", {}, [

@@ -171,6 +171,7 @@ CATALOG: tuple[Fault, ...] = (
     Fault(
         id="master-port-unreachable", title="Master port not reached", severity=Severity.ERROR,
         detector="address",
+        signatures=(r"waiting for clients\. \d+/\d+ clients joined",),
         advice="A node could not connect to master_addr:master_port (torch's rendezvous store). "
                "Check that the master's firewall lets the master port in from every node, that "
                "--master-addr is the master's address on the training network, and that the "
@@ -638,6 +639,7 @@ _QUOTED_AUDIO = re.compile(r"'([^']+\.(?:wav|flac|mp3|ogg|opus|m4a|aac|pcm))'")
 _AUDIO_NOT_FOUND = re.compile(r"Audio file not found: '([^']+)'|Error opening '([^']+)'")
 _KEY_ERROR = re.compile(r"KeyError: '(\w+)'")
 _SAMPLERS = re.compile(r"total_num of samplers: 0, (\S+)")
+_CLIENTS = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients")
 _WORLD = re.compile(r"DP world size of (\d+) but the current world size is (\d+)")
 _CKPT = re.compile(r"No checkpoint found at '([^']*)'")
 
@@ -691,6 +693,14 @@ def _detail(f: Fault, text: str, context: ScanContext) -> tuple[Fault, str]:
         if f.network and role in ("peer", "master-node"):
             return _BY_ID["peer-unreachable"], detail
         return f, detail
+    if f.id == "master-port-unreachable":  # the store's side: not every node came
+        m = _CLIENTS.search(text)
+        if m:
+            port = f" {context.master_port}" if context.master_port else ""
+            return f, (f"only {m.group(2)} of {m.group(3)} nodes reached the master's store "
+                       f"(master_port{port}) in {m.group(1)} s: the others were firewalled out, "
+                       "had the wrong address or did not start")
+        return f, ""
     if f.id in ("bf16-dtype-mismatch", "dtype-mismatch"):
         if _BF16.search(text):
             return f, "bf16 in the message: the precision config (bf16.enabled, use_bf16)"
