@@ -305,7 +305,7 @@ def _master_port_checks(target: Target, names: list[str], up: Mapping[str, dict]
                     f"{result}: {p.get('error') or p.get('got') or ''}. Fix: set the "
                     f"master node's host to one of its own addresses")
         elif result == "timeout":
-            text = (f"{name} -> {where}: timed out ({p.get('error')}): a firewall "
+            text = (f"{name} -> {where}: {p.get('error') or 'timed out'}: a firewall "
                     f"on {target.master} (or between) drops port {port}; torchrun's "
                     f"rendezvous would hang. Fix: accept TCP {port} from the "
                     f"workers on {target.master} (e.g. nft add rule inet filter "
