@@ -308,7 +308,7 @@ CASES: dict[str, tuple[str, dict, list[tuple[str, int | None, str]]]] = {
         ("host-oom-kill", 5, "exit code -9")]),  # --local_rank=1 on node2 (ranks 4, 5)
     "port-in-use.log": ("node0", {}, [("port-in-use", None, "port 29500 (the master port)")]),
     "connect-timeout-master.log": ("node2", {}, [
-        ("master-port-unreachable", None, "10.99.0.1:29500 (node0) is the master port")]),
+        ("master-port-unreachable", None, "node0:29500 is the master port")]),
     "rendezvous-incomplete-master.log": ("node0", {}, [
         ("master-port-unreachable", None, "only 1 of 3 nodes reached the master's store "
                                           "(master_port 29500) in 901 s")]),
@@ -387,6 +387,11 @@ def test_connect_failure_never_blames_a_master_port_that_answered() -> None:
     reached = scan_lines([line], context=context(master_port_reachable=True))
     assert [f.id for f in reached] == ["peer-unreachable"]
     assert "master port answered" in reached[0].detail
+    # the master's hostname instead of its address names the master port too
+    by_name = scan_lines([(FAULT_LOGS / "connect-timeout-master.log").read_text().splitlines()[0]],
+                         context=context("node2"))
+    assert [f.id for f in by_name] == ["master-port-unreachable"]
+    assert by_name[0].detail.startswith("node0:29500 is the master port")
     # the drill: only ssh and the master port open on node1: gloo's connect to it
     gloo = (FAULT_LOGS / "connect-timeout-peer-gloo.log").read_text().splitlines()
     found = scan_lines(gloo, context=context("node2", master_port_reachable=True))

@@ -575,9 +575,9 @@ class ScanContext:
     def is_master(self, host: str) -> bool:
         if self.master_addr is None:
             return False
-        names = {self.master_addr}
-        names.update(h for h, n in self.hosts.items()
-                     if n == self.hosts.get(self.master_addr, self.master_addr))
+        master_node = self.hosts.get(self.master_addr, self.master_addr)
+        names = {self.master_addr, master_node}
+        names.update(h for h, n in self.hosts.items() if n == master_node)
         return host in names
 
 
