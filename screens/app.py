@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from textual import work
 from textual.app import App, SystemCommand
 from textual.dom import DOMNode
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
 from textual.worker import Worker, WorkerState
 
@@ -222,11 +222,18 @@ class SVConsoleApp(App[int]):
 
     def _handle_exception(self, error: Exception) -> None:
         """An exception in the code of one of the five screens (its compose, mount or a
-        handler) leaves the error panel in that screen's place; anything else ends the app."""
+        handler) leaves the error panel in that screen's place, one in a dialog closes that
+        dialog; anything else ends the app."""
         screen = _failed_screen(error) if self.contain_screen_errors else None
         if screen is not None and screen in self._failed_screens:
             # a later error of a screen that failed already (its panel shows the first)
             self.log.error(f"{type(screen).__name__} again: {type(error).__name__}: {error}")
+            return
+        if isinstance(screen, ModalScreen) and screen in self.screen_stack[1:]:
+            # a dialog that failed closes (with those above it); its screen goes on
+            self._failed_screens.add(screen)
+            self.log.error("".join(traceback.format_exception(error)))
+            self.call_later(self._close_failed_dialog, screen, error)
             return
         mode = getattr(screen, "mode_name", "")
         if (not isinstance(screen, ConsoleScreen) or isinstance(screen, BrokenScreen)
@@ -238,6 +245,14 @@ class SVConsoleApp(App[int]):
         self.log.error(failure.traceback)
         self._failed_screens.add(screen)
         self.call_later(self._show_failure, failure)
+
+    def _close_failed_dialog(self, dialog: Screen, error: BaseException) -> None:
+        if dialog in self.screen_stack:
+            while self.screen_stack[-1] is not dialog:
+                self.pop_screen()
+            self.pop_screen()
+        self.notify(f"the dialog {type(dialog).__name__} ({type(dialog).__module__}) failed and "
+                    f"was closed: {type(error).__name__}: {error}", severity="error", timeout=15)
 
     def _show_failure(self, failure: ScreenFailure) -> None:
         self._replace_mode_screen(failure.mode, lambda: BrokenScreen(failure))

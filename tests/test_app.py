@@ -434,3 +434,26 @@ async def test_reload_of_the_cluster_asks_first_and_cancel_keeps_the_old_one(off
                 break
             await pilot.pause(0.05)
         assert calls == ["reloaded"] and offline_app.cluster is not old
+
+
+async def test_a_dialog_that_raises_is_closed_and_its_screen_goes_on(containing_app, monkeypatch):
+    def broken_compose(self):
+        raise RuntimeError("boom in the form")
+        yield
+
+    monkeypatch.setattr(NodeForm, "compose", broken_compose)
+    notes: list[str] = []
+    monkeypatch.setattr(containing_app, "notify",
+                        lambda message, **kw: notes.append(str(message)))
+    async with containing_app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("1")
+        await pilot.press("n")
+        for _ in range(200):
+            if notes:
+                break
+            await pilot.pause(0.05)
+        assert any("NodeForm (screens.node_form) failed" in n and "boom in the form" in n
+                   for n in notes), notes
+        await wait_for_screen(pilot, NodesScreen)
+        await assert_other_screens_open(pilot, "nodes")
+    assert containing_app.return_code in (0, None)
