@@ -217,6 +217,23 @@ def test_password_sudo_wrong_then_right_on_a_banner_node(users, clusters, tmp_pa
     assert PASSWORD not in caplog.text and WRONG not in caplog.text
 
 
+def test_password_sudo_output_is_streamed_live(users, clusters, tmp_path) -> None:
+    """The step waits for a gate that the test opens only once it saw the step's first line:
+    it ends only if its output arrives while it runs."""
+    cluster = load_cluster(clusters["pw"].cluster_yaml)
+    gate = users.base / f"gate-{secrets.token_hex(3)}"
+    step = Step("live", "root, live", Phase.CONFIGURATION, needs_root=True, timeout=60,
+                apply=lambda ctx: [Command(f"id -u; echo first; while [ ! -e {gate} ]; do "
+                                           f"sleep 0.1; done; echo second")])
+    with Pool(cluster, sudo_password=lambda: PASSWORD) as pool:
+        runner = Runner(pool, cluster, [step], state_dir=tmp_path, nodes=["node1"])
+        runner.subscribe(lambda e: gate.touch() if getattr(e, "text", "") == "first" else None)
+        summary = runner.run()
+    assert summary.state("live", "node1") == StepState.DONE, summary.cell("live", "node1")
+    log = Path(summary.cell("live", "node1").log).read_text().splitlines()
+    assert "0" in log and log.index("first") < log.index("second")
+
+
 def test_nopasswd_sudo_runs_root_steps_without_asking(users, clusters, tmp_path) -> None:
     cluster = load_cluster(clusters["nopw"].cluster_yaml)
     asked: list[str] = []

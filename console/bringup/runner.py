@@ -7,16 +7,15 @@ cell blocks only the cells that depend on it (the same node, or every node for a
 the head), never the other nodes. Output lines go live to subscribers and to one log file per
 cell: ``<state_dir>/runs/<run-id>/<node>/<step>.log``, with ``summary.json`` beside them.
 
-Root steps run as they are for root, through ``sudo -n`` where sudo needs no password, and
-otherwise through the pool's ``sudo=True`` (which asks its ``sudo_password`` callable, tries the
-password once per node and never sends a refused one again).
+Root steps run through the pool's ``sudo=True``: as they are for root, through ``sudo -n`` where
+sudo needs no password, else with the password its ``sudo_password`` callable gives (tried once
+per node; a refused one is never sent again), streamed live like the others.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-import shlex
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -37,7 +36,6 @@ from console.bringup.model import (
 )
 from console.cluster.model import Cluster
 from console.cluster.redact import redact_text
-from console.ssh.pool import RemoteError
 from console.subscribers import Subscribers
 
 if TYPE_CHECKING:
@@ -264,7 +262,6 @@ class Runner:
                     self.cells[(step.id, node)] = Cell(step.id, node)
         self._subscribers: Subscribers[RunEvent] = Subscribers("setup run")
         self._lock = threading.Lock()
-        self._sudo: dict[str, str] = {}
         self._noise: dict[str, set[str]] = {}
         self._cancelled = threading.Event()
         self._streams: set[Any] = set()
@@ -457,26 +454,12 @@ class Runner:
         """Run one command on the cell's node, streaming its lines; (exit code, last line that
         is not the node's login noise)."""
         self._line(step, cell, log, "$ " + command.render())
-        text, last = command.text, ""
+        last = ""
         noise = self._login_noise(cell.node)
-        try:
-            mode = self._sudo_mode(cell.node) if step.needs_root else "root"
-        except RemoteError as exc:
-            self._line(step, cell, log, f"[{exc}]")
-            return None, str(exc)
-        if mode in ("password", "missing"):  # the pool asks for the password, or says why not
-            result = self.pool.run(cell.node, text, sudo=True, stdin=command.stdin or "",
-                                   timeout=step.timeout)
-            for line in (result.stdout + result.stderr).splitlines():
-                self._line(step, cell, log, line)
-                last = line if line and line not in noise else last
-            if result.error:
-                self._line(step, cell, log, f"[{result.error}]")
-                return None, result.error
-            return result.exit, last
-        if mode == "nopass":
-            text = f"sudo -n bash -c {shlex.quote(text)}"
-        stream = self.pool.stream(cell.node, text, stdin=command.stdin or "", timeout=step.timeout)
+        # A root step goes through the pool's sudo (root as it is, sudo -n, or the password
+        # asked once and tried once per node), streamed live like any other.
+        stream = self.pool.stream(cell.node, command.text, stdin=command.stdin or "",
+                                  timeout=step.timeout, sudo=step.needs_root)
         with self._lock:
             self._streams.add(stream)
         try:
@@ -499,13 +482,6 @@ class Runner:
             result = self.pool.run(node, "true", timeout=30)
             self._noise[node] = set((result.stdout + result.stderr).splitlines())
         return self._noise[node]
-
-    def _sudo_mode(self, node: str) -> str:
-        """How root steps run on ``node`` (``Pool.sudo_mode``: root, nopass, password or
-        missing), asked once per run. Raises RemoteError when the node cannot tell."""
-        if node not in self._sudo:
-            self._sudo[node] = self.pool.sudo_mode(node)
-        return self._sudo[node]
 
     def _measure(self, step: Step, ready: list[Cell], summary: RunSummary) -> None:
         assert step.measure is not None

@@ -1027,31 +1027,41 @@ class Pool:
         *,
         stdin: bytes | str | None = None,
         timeout: float | None = None,
+        sudo: bool = False,
     ) -> Stream:
         """Start ``cmd`` on ``node`` and return a :class:`Stream` of its lines as they arrive.
 
         ``stdin`` (if given) is written and stdin is then closed; without it stdin stays open for
         ``Stream.write``/``close_stdin``. A connection failure gives a Stream that yields nothing
-        and has ``error`` set.
+        and has ``error`` set. ``sudo``: as root, as :meth:`run` does it (the password, when
+        sudo wants one, goes first on stdin and never shows in the lines).
         """
         peer = self._peer(node)
         deadline = None if timeout is None else time.monotonic() + timeout
         connect_deadline = time.monotonic() + self._timeout(peer)
         if deadline is not None:
             connect_deadline = min(connect_deadline, deadline)
+        password = None
         try:
+            if sudo:
+                cmd, password = self._command(peer, cmd, None, True, connect_deadline)
             process = self._start(peer, cmd, connect_deadline)
         except _Failure as exc:
             return Stream(node, None, error=str(exc))
         process.deadline = deadline
         try:
+            if password is not None:
+                process.write((password + "\n").encode())
             if stdin is not None:
                 process.write(stdin.encode() if isinstance(stdin, str) else stdin)
                 process.close_stdin()
         except (OSError, EOFError, paramiko.SSHException) as exc:
             process.close()
             return Stream(node, None, error=f"cannot write stdin: {exc}")
-        return Stream(node, process, deadline=deadline)
+        if password is None:
+            return Stream(node, process, deadline=deadline)
+        return Stream(node, process, deadline=deadline,
+                      secret=lambda text: text.replace(password, REDACTED))
 
     def _names(self, nodes: Iterable[str] | None) -> list[str]:
         names = list(nodes) if nodes is not None else self.cluster.names()
