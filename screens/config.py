@@ -24,6 +24,7 @@ Diff (against the saved files or a preset), Report (every finding and the memory
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import time
@@ -335,9 +336,15 @@ class ConfigScreen(ConsoleScreen):
         (fp32 or bf16 by its GPUs and versions)."""
         files = self.files
         if (files is None or files.ds_saved is not None or files.shipped is None
-                or files.shipped.origin != "preset" or self.ds_text != files.ds_text):
+                or files.shipped.origin != "preset"):
             return
         name, why = dsconfig.default_preset(self.spec)
+        if self.ds_text != files.ds_text:  # edited: the text stays, the note says the default
+            files.shipped = dataclasses.replace(
+                files.shipped, why=why if name == files.shipped.preset
+                else f"for this cluster the default is {name}: {why}")
+            files.notes = [files.shipped.note, *files.notes[1:]]
+            return
         text = dsconfig.preset_text(name)
         files.shipped = dsconfig.ShippedJSON(files.ds_path, text, "preset", None, name, why)
         files.notes = [files.shipped.note, *files.notes[1:]]
@@ -535,8 +542,9 @@ class ConfigScreen(ConsoleScreen):
                           "type a value of the field's type", None, None,
                           self.files.profile_path.name)
                   for key, message in self.profile_issues.items()]
-        if self.files.ds_saved is None and self.files.shipped is not None:
-            extra += self.files.shipped.findings()  # as svconsole validate says it
+        shipped = self.files.shipped
+        if self.files.ds_saved is None and shipped is not None and self.ds_text == shipped.text:
+            extra += shipped.findings()  # as svconsole validate says it
         self.validate(self.ds_text, self.files.ds_path.name, self.profile, self.spec, extra,
                       self._generation)
 

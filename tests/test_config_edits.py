@@ -285,3 +285,26 @@ async def test_q_with_unsaved_config_edits_asks_then_saves_and_quits(setup):
         await until(pilot, lambda: not app.is_running, "the app to quit after saving", 60)
     assert json.loads((directory / "ds_config.json").read_text())["steps_per_print"] == 50
     assert "num_workers: 8" in (directory / "training.yaml").read_text()
+
+
+async def test_facts_arriving_after_an_edit_never_replace_the_text(setup):
+    """The default preset follows the cluster only while the new JSON is untouched."""
+    from console.training.dsconfig import ClusterSpec
+    from screens.messages import ClusterSpecReady
+
+    make, _ = setup
+    async with make().run_test(size=(120, 40)) as pilot:
+        screen = await open_config(pilot)
+        assert screen.ds_text == dsconfig.preset_text("seed_zero1_bf16")  # H200s, funasr 1.2.6
+        await type_into(pilot, screen, "steps_per_print", "50")
+        edited = screen.ds_text
+        v100 = ClusterSpec.from_overrides(8, "V100", versions={"funasr": "1.2.6"})
+        screen.post_message(ClusterSpecReady(v100, "probed"))
+        await settle(pilot)
+        assert screen.ds_text == edited and screen.query_one("#json-text").text == edited
+        status = str(screen.query_one("#config-status").render())
+        assert "for this cluster the default is zero1_fp32: fp32: the GPUs of node0 lack bf16" \
+            in status
+        assert not [f for f in screen.report.findings if "preset was checked" in f.message]
+        assert "bf16 needs compute capability 8.0" in " ".join(
+            f.message for f in screen.report.errors)
