@@ -57,13 +57,26 @@ class Context:
         self._sudo_password: str | None = None
         #: ``--simulate-gpus``: the fixture the GPUs screen replays instead of real GPUs.
         self.gpu_simulate: Path | None = None
+        #: ``--read-only``: nothing that changes a node or a file (also cluster.read_only).
+        self.read_only = False
         self._sudo_lock = threading.Lock()
 
     @cached_property
     def cluster(self) -> Cluster:
+        from dataclasses import replace
+
         from console.cluster.model import load_or_default
 
-        return load_or_default(self.config)
+        cluster = load_or_default(self.config)
+        return replace(cluster, read_only=True) if self.read_only else cluster
+
+    def check_writable(self, action: str) -> None:
+        """Refuse ``action`` (ReadOnlyError, exit 1) in read-only mode: ``--read-only`` or
+        ``cluster.read_only`` in cluster.yaml."""
+        from console.cluster.model import ReadOnlyError
+
+        if self.read_only or self.cluster.read_only:
+            raise ReadOnlyError(action)
 
     @cached_property
     def pool(self) -> Pool:
@@ -105,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="interactive console: the GPUs screen replays an nvml.json "
                              "(default: real H200 readings shipped with svconsole), labelled "
                              "SIMULATED, instead of the nodes' GPUs")
+    parser.add_argument("--read-only", action="store_true",
+                        help="change nothing: setup apply, launch, stop, save and every other "
+                             "action that would change a node or a file are refused (also "
+                             "read_only: true under cluster: in cluster.yaml)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -257,7 +274,8 @@ def _main(argv: list[str] | None) -> int:
         ending.install()
     ctx = Context(args.config)
     ctx.gpu_simulate = args.simulate_gpus
-    from console.cluster.model import ClusterConfigError
+    ctx.read_only = args.read_only
+    from console.cluster.model import ClusterConfigError, ReadOnlyError
 
     try:
         if ending is None:
@@ -269,6 +287,9 @@ def _main(argv: list[str] | None) -> int:
     except ClusterConfigError as exc:
         print(f"svconsole: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except ReadOnlyError as exc:
+        print(f"svconsole {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return ending.exit_code if ending is not None else EXIT_INTERRUPTED
     except BrokenPipeError:  # written past the guards (a stream's own buffer)

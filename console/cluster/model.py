@@ -151,6 +151,9 @@ class Cluster:
     """``cluster.id``: this cluster's identity, written by svconsole on first use (see
     ``console.cluster.identity``); it survives renames and tells apart two clusters on the
     same hosts."""
+    read_only: bool = False
+    """``cluster.read_only``: nothing that changes a node or a file (setup apply, launch, stop,
+    save); ``svconsole --read-only`` does the same for one session."""
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -225,6 +228,22 @@ class ConfigIssue:
             if self.col is not None:
                 where += f":{self.col}"
         return ": ".join(part for part in (where, self.field, self.message) if part)
+
+
+class ReadOnlyError(PermissionError):
+    """An action that would change a node or a file, refused in read-only mode."""
+
+    def __init__(self, action: str) -> None:
+        super().__init__(f"read-only (svconsole --read-only, or cluster.read_only in "
+                         f"cluster.yaml): {action} is disabled, since it would change a node or "
+                         "a file")
+        self.action = action
+
+
+def check_writable(cluster: Cluster, action: str) -> None:
+    """Raise :class:`ReadOnlyError` naming ``action`` when ``cluster`` is read-only."""
+    if cluster.read_only:
+        raise ReadOnlyError(action)
 
 
 class ClusterConfigError(Exception):
@@ -447,6 +466,7 @@ _CLUSTER_FIELDS = {
     "master_port": _Field(_port),
     "python": _Field(_one_line),
     "id": _Field(_cluster_id),
+    "read_only": _Field(_boolean),
 }
 _SSH_FIELDS = {
     "user": _Field(_user),

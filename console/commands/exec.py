@@ -35,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handler(args: argparse.Namespace, ctx: Context) -> int:
+    ctx.check_writable("exec (it runs a command on the nodes)")
     words = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not words:
         print("svconsole exec: no command given (svconsole exec -- CMD)", file=sys.stderr)

@@ -84,6 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def import_command(args: argparse.Namespace, ctx: Context) -> int:
     """Create or extend ``args.output`` from the hostfile ``args.file``."""
+    ctx.check_writable(f"hostfile import (it writes {args.output})")
     text = sys.stdin.read() if args.file == "-" else read_text(Path(args.file), args.file)
     entries = import_hostfile(text, source="<stdin>" if args.file == "-" else args.file)
     output = Path(args.output)
@@ -124,6 +125,7 @@ def export_command(args: argparse.Namespace, ctx: Context) -> int:
     if args.output is None:
         ctx.out.write(text)
     else:
+        ctx.check_writable(f"hostfile export -o {args.output} (print it instead: no -o)")
         atomic_write(args.output, text, backup=True)
         print(f"{args.output}: {len(cluster.nodes)} nodes", file=ctx.out)
     return EXIT_OK

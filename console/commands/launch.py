@@ -82,6 +82,9 @@ def _env(pairs: list[str]) -> dict[str, str]:
 def handler(args: argparse.Namespace, ctx: Context) -> int:
     from dataclasses import replace
 
+    if not args.dry_run:
+        ctx.check_writable("launch (--dry-run runs the pre-flight only)")
+
     from console.training.launch import (
         LaunchError,
         LaunchOptions,

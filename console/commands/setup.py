@@ -86,6 +86,8 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
     if args.list:
         print(catalog_text(STEPS), file=ctx.out)
         return EXIT_OK
+    if not args.dry_run:
+        ctx.check_writable("setup apply (use --dry-run to see what it would do)")
     try:
         options = options_from(args)
         previous = only = None

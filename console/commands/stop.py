@@ -29,6 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def handler(args: argparse.Namespace, ctx: Context) -> int:
     from console.training.runs import RunNotFound, resolve_run, run_status, stop_run
 
+    ctx.check_writable("stop")
+
     try:
         record = resolve_run(ctx.pool, ctx.state_dir, args.run)
     except RunNotFound as exc:
