@@ -555,6 +555,9 @@ class TrainingScreen(ConsoleScreen):
         if self.record is None or update.run_id != self.record.id:
             return  # a run no longer shown
         self.follow_states = dict(update.nodes)
+        for _node, text in update.notices:  # a log truncated or rotated: read again from 0
+            self.note = text
+            self.notify(text, severity="warning", timeout=15)
         if update.ended and not self.ended:
             self.ended = True
             self.check_status(self.record)

@@ -531,49 +531,131 @@ def _ended(args: dict) -> str | None:
     return None
 
 
+def _open_log(path: str):
+    """The log opened for reading, never through a symlink; None while it cannot be."""
+    try:
+        return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+    except OSError:
+        return None
+
+
+class _Lines:
+    """Complete lines out of the bytes read, each sent as one ``@svcL <end offset> <line>``
+    frame (never with a newline inside; a line longer than MAX_CHUNK goes in pieces)."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        """Where the next unsent byte is in the file."""
+        self.partial = b""
+        self.tail = b""
+        """The last bytes sent (up to 64): still there at ``offset`` unless the file was
+        rewritten."""
+
+    @property
+    def position(self) -> int:
+        return self.offset + len(self.partial)
+
+    def _send(self, data: bytes, consumed: int) -> None:
+        self.offset += consumed
+        sys.stdout.buffer.write(f"{PREFIX}L {self.offset} ".encode() + data + b"\n")
+        self.tail = (self.tail + data + b"\n"[:consumed - len(data)])[-64:]
+
+    def feed(self, chunk: bytes) -> None:
+        self.partial += chunk
+        while True:
+            end = self.partial.find(b"\n", 0, MAX_CHUNK + 1)
+            if end < 0 and len(self.partial) <= MAX_CHUNK:
+                return
+            cut = end if end >= 0 else MAX_CHUNK
+            used = cut + (1 if end >= 0 else 0)
+            line, self.partial = self.partial[:cut], self.partial[used:]
+            self._send(line, used)
+
+    def flush(self) -> None:
+        """Send a last line that has no newline."""
+        if self.partial:
+            line, self.partial = self.partial, b""
+            self._send(line, len(line))
+
+    def restart(self, why: str) -> None:
+        """The file is not what was read: read it again from 0, and say so."""
+        self.offset, self.partial, self.tail = 0, b"", b""
+        _emit("T", f"0 {why}")
+
+
+def _changed(path: str, f, lines: _Lines, ident: tuple[int, int]) -> str | None:
+    """Why the open log is no longer the file being followed: ``rotated`` (another file at
+    its path), ``truncated`` (shorter than what was read) or ``rewritten`` (the bytes just
+    sent are no longer there); None when it is unchanged."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None  # gone for now (being rotated): keep reading the open file
+    if (st.st_dev, st.st_ino) != ident:
+        return "rotated"
+    size = os.fstat(f.fileno()).st_size
+    if size < lines.position:
+        return f"truncated (size {size} below offset {lines.position})"
+    tail = lines.tail
+    if tail and os.pread(f.fileno(), len(tail), lines.offset - len(tail)) != tail:
+        return "rewritten"
+    return None
+
+
 def follow(args: dict) -> None:
-    path, offset = args["log"], int(args.get("offset", 0))
+    """Stream the log from ``offset``: complete lines as they are written; ``@svcT <offset>
+    <why>`` when the file was truncated, rewritten or rotated (then it is read again from 0);
+    once the run has ended here (or at the end of the file, with ``once``) and the file has
+    been quiet ``settle`` seconds, the last bytes (a last line without newline too) and
+    ``@svcE <why>``."""
+    path = args["log"]
     poll, heartbeat = float(args.get("poll", 0.2)), float(args.get("heartbeat", 2.0))
-    partial = b""
-    _emit("H", str(offset))  # started: the console now expects a line every heartbeat
+    settle = 0.0 if args.get("once") else float(args.get("settle", 1.5))
+    lines = _Lines(int(args.get("offset", 0)))
+    _emit("H", str(lines.offset))  # started: the console now expects a line every heartbeat
     sys.stdout.flush()
     quiet_since = time.monotonic()
-    f = None
+    f, ident, ending = None, (0, 0), None
     while True:
         if f is None:
-            try:
-                f = open(path, "rb")
-                f.seek(offset)
-            except OSError:
-                f = None
+            f = _open_log(path)
+            if f is not None:
+                st = os.fstat(f.fileno())
+                ident = (st.st_dev, st.st_ino)
+                if st.st_size < lines.position:
+                    lines.restart(f"truncated (size {st.st_size} below offset {lines.position})")
+                f.seek(lines.position)
+        why = _changed(path, f, lines, ident) if f is not None else None
+        if why == "rotated":
+            while chunk := f.read(MAX_CHUNK):  # the old file to its end first
+                lines.feed(chunk)
+            lines.flush()  # its last line, complete as far as it goes
+            f.close()
+            f = None
+            lines.restart("rotated (a new file at its path)")
+            sys.stdout.flush()
+            continue
+        if why is not None:
+            lines.restart(why)
+            f.seek(0)
+            sys.stdout.flush()
+            continue
         chunk = f.read(MAX_CHUNK) if f is not None else b""
         if chunk:
-            partial += chunk
-            while True:
-                end = partial.find(b"\n", 0, MAX_CHUNK + 1)
-                if end < 0 and len(partial) <= MAX_CHUNK:
-                    break
-                cut = end if end >= 0 else MAX_CHUNK
-                offset += cut + (1 if end >= 0 else 0)
-                sys.stdout.buffer.write(f"{PREFIX}L {offset} ".encode() + partial[:cut] + b"\n")
-                partial = partial[cut + (1 if end >= 0 else 0):]
+            lines.feed(chunk)
             sys.stdout.flush()
-            quiet_since = time.monotonic()
+            quiet_since, ending = time.monotonic(), None
             continue
-        why = _ended(args)
-        if why is not None:
-            rest = f.read() if f is not None else b""
-            if rest:
-                partial += rest
-                continue
-            if partial:  # a last line without its newline
-                offset += len(partial)
-                sys.stdout.buffer.write(f"{PREFIX}L {offset} ".encode() + partial + b"\n")
-            _emit("E", why)
+        if ending is None:
+            ending = _ended(args)
+            ended_at = time.monotonic()
+        if ending is not None and time.monotonic() - ended_at >= settle:
+            lines.flush()
+            _emit("E", ending)
             sys.stdout.flush()
             return
         if time.monotonic() - quiet_since >= heartbeat:
-            _emit("H", str(offset + len(partial)))
+            _emit("H", str(lines.position))
             sys.stdout.flush()
             quiet_since = time.monotonic()
         time.sleep(poll)

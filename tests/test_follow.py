@@ -146,3 +146,123 @@ def test_read_run_reads_to_the_current_end_and_names_a_dead_node(lb2):
     lb.kill(0)
     with pytest.raises(FollowError, match="node0: cannot read"):
         list(read_run(pool, record))
+
+
+def file_lines(*datas: bytes) -> list[str]:
+    """The lines of file contents as the follower must show them (a last line without its
+    newline included), decoded as the console decodes them."""
+    out = []
+    for data in datas:
+        out += [raw.decode() for raw in data.split(b"\n")]
+        if data.endswith(b"\n"):
+            out.pop()
+    return out
+
+
+def follow_in_thread(pool, record, node, got, notices, **kwargs) -> LogFollower:
+    return LogFollower(pool, record, record.node(node), heartbeat=0.5, retry_max=1.0,
+                       on_events=lambda _n, events: got.extend(events),
+                       on_notice=lambda _n, text: notices.append(text), **kwargs).start()
+
+
+def wait_for(predicate, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {seconds:g}s waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_the_end_of_a_run_loses_nothing_while_the_writer_is_still_writing(lb2):
+    """The exit file appears while ranks still write: the lines after it (a burst of many
+    lines in one read, then a last line without its newline) all arrive, one line per event,
+    byte for byte as in the file."""
+    lb, pool = lb2
+    record = record_for(lb.shared_dir / "out", ["node0"])
+    log, done = paths(record, "node0")
+    data = REAL_LOG.read_bytes()
+    first, burst = data[:len(data) // 3], data[len(data) // 3:]
+    log.write_bytes(b"")
+    got: list = []
+    follower = follow_in_thread(pool, record, "node0", got, [])
+    try:
+        with open(log, "ab") as f:
+            f.write(first)
+            f.flush()
+            wait_for(lambda: len(got) >= 5, 150, "the first lines")
+            done.write_text('{"code": 0}')  # the run "ended" ...
+            for i in range(0, len(burst), len(burst) // 3 + 1):  # ... its ranks still write
+                f.write(burst[i:i + len(burst) // 3 + 1])
+                f.flush()
+                time.sleep(0.3)
+            f.write("последняя строка без перевода".encode())
+        follower.join(60)
+    finally:
+        follower.stop()
+    assert follower.state == "ended" and follower.ended_because == "exited"
+    written = log.read_bytes()
+    assert [e.text for e in got] == file_lines(written)
+    assert all("\n" not in e.text for e in got)
+    assert "\n".join(e.text for e in got).encode() == written
+    assert follower.position.offset == len(written)
+
+
+def test_truncation_and_rotation_mid_follow_read_the_new_file_from_the_start(lb2):
+    """Mid-follow the log is truncated (copytruncate), then rotated (a new file at its path):
+    each time the follower says so and reads the new content from byte 0; every line of the
+    three contents arrives exactly once, in order, with offsets in its own file."""
+    lb, pool = lb2
+    record = record_for(lb.shared_dir / "out", ["node1"])
+    log, done = paths(record, "node1")
+    lines = REAL_LOG.read_bytes().split(b"\n")
+    a, b, c = (b"\n".join(lines[i:i + 40]) + b"\n" for i in (0, 40, 80))
+    log.write_bytes(a)
+    got: list = []
+    notices: list[str] = []
+    follower = follow_in_thread(pool, record, "node1", got, notices)
+    try:
+        wait_for(lambda: len(got) == 40, 150, "the first content")
+        with open(log, "r+b") as f:  # copytruncate: same file, cut to 0, written again
+            f.truncate(0)
+        wait_for(lambda: notices, 30, "the truncation noticed")
+        with open(log, "ab") as f:
+            f.write(b)
+        wait_for(lambda: len(got) == 80, 30, "the content after the truncation")
+        log.rename(log.with_suffix(".log.1"))  # rotated: a new file
+        log.write_bytes(c)
+        wait_for(lambda: len(got) == 120, 30, "the new file's content")
+        done.write_text('{"code": 0}')
+        follower.join(60)
+    finally:
+        follower.stop()
+    assert follower.state == "ended" and follower.restarts == 2, notices
+    assert notices[0].startswith("node1: log truncated (size 0 below offset ")
+    assert notices[1] == "node1: log rotated (a new file at its path); read again from the start"
+    assert [e.text for e in got] == file_lines(a, b, c)
+    for content, events in ((a, got[:40]), (b, got[40:80]), (c, got[80:])):
+        starts = [0, *(i + 1 for i, ch in enumerate(content[:-1]) if ch == ord("\n"))]
+        assert [e.offset for e in events] == starts  # each in its own file
+    assert got[40].offset == 0 and got[80].offset == 0 and got[80].line_no == 1
+    assert follower.position == Position(len(c), 40)
+
+
+def test_a_rewritten_log_is_noticed_even_when_it_grew_past_the_offset(lb2):
+    """The log replaced in place by longer content while the follower waits (size above the
+    offset: only the bytes at the offset tell): read again from 0, nothing of the old kept."""
+    lb, pool = lb2
+    record = record_for(lb.shared_dir / "out", ["node0"])
+    log, done = paths(record, "node0")
+    log.write_bytes(b"old one\nold two\n")
+    got: list = []
+    notices: list[str] = []
+    follower = follow_in_thread(pool, record, "node0", got, notices)
+    try:
+        wait_for(lambda: len(got) == 2, 150, "the old lines")
+        new = b"".join(b"new line %d\n" % i for i in range(50))
+        with open(log, "r+b") as f:
+            f.write(new)
+        done.write_text('{"code": 0}')
+        follower.join(60)
+    finally:
+        follower.stop()
+    assert notices == ["node0: log rewritten; read again from the start"]
+    assert [e.text for e in got] == ["old one", "old two", *file_lines(new)]

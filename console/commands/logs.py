@@ -53,7 +53,10 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
             for event in events:
                 print(f"{node}: {event.text}", file=ctx.out, flush=True)
 
-    followers = [LogFollower(ctx.pool, record, n, on_events=show).start()
+    def notice(_node: str, text: str) -> None:
+        print(f"svconsole logs: {text}", file=sys.stderr, flush=True)
+
+    followers = [LogFollower(ctx.pool, record, n, on_events=show, on_notice=notice).start()
                  for n in record.nodes if not args.node or n.node in args.node]
     try:
         for follower in followers:

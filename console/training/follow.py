@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from console.cluster.redact import redact_text
@@ -57,7 +57,8 @@ class LogFollower:
     ``once``, until the current end of the file), reconnecting when the connection is lost.
 
     ``on_events(node, events)`` is called on the follower's thread with the parsed events of each
-    line as it arrives. ``heartbeat``: seconds between the node's keep-alive lines; a stream
+    line as it arrives; ``on_notice(node, text)`` when the log was truncated, rewritten or
+    rotated (it is read again from its start). ``heartbeat``: seconds between the node's keep-alive lines; a stream
     silent for ``3 * heartbeat + 2`` seconds counts as lost, and one that sends nothing within
     ``startup`` seconds (the remote shell's rc files run first: pyenv or conda init can take
     long) too. Reconnects wait ``retry_min``
@@ -66,6 +67,7 @@ class LogFollower:
 
     def __init__(self, pool: Pool, record: RunRecord, node: NodeRun, *,
                  on_events: Callable[[str, list[Event]], None],
+                 on_notice: Callable[[str, str], None] | None = None,
                  position: Position | None = None, once: bool = False,
                  heartbeat: float = 2.0, retry_min: float = 0.5, retry_max: float = 10.0,
                  give_up: int | None = None, startup: float = 90.0) -> None:
@@ -75,6 +77,9 @@ class LogFollower:
         start = position or Position(node.log_offset, 0)
         self._parser = LogParser(offset=start.offset, line_no=start.line_no)
         self._on_events = on_events
+        self._on_notice = on_notice or (lambda _node, _text: None)
+        self.restarts = 0
+        """Times the log was found truncated, rewritten or rotated (and read again from 0)."""
         self.heartbeat = heartbeat
         self.retry_min, self.retry_max = retry_min, retry_max
         self.give_up = give_up
@@ -166,6 +171,12 @@ class LogFollower:
                     self._on_events(self.node, [event])
                 elif kind == "H":
                     self.state = "following"
+                elif kind == "T":  # truncated, rewritten or rotated: read again from there
+                    offset, _, why = rest.partition(" ")
+                    self._parser.offset, self._parser.line_no = int(offset), 0
+                    self.restarts += 1
+                    self._on_notice(self.node, f"{self.node}: log {why}; read again from the "
+                                               f"start")
                 elif kind == "E":
                     self.ended_because = rest
                     return True
@@ -197,6 +208,8 @@ class RunUpdate:
     dropped: int = 0
     """Events left out of ``events`` because more than ``max_events`` arrived in one interval
     (the store has them all)."""
+    notices: list[tuple[str, str]] = field(default_factory=list)
+    """(node, text): a node's log truncated, rewritten or rotated, read again from its start."""
 
 
 class RunFollower:
@@ -217,13 +230,17 @@ class RunFollower:
         self.max_events = max_events
         self._lock = threading.Lock()
         self._pending: list[tuple[str, Event]] = []
+        self._notices: list[tuple[str, str]] = []
+        self.notices: list[tuple[str, str]] = []
+        """Every notice so far (node, text)."""
         self._dropped = 0
         self._revision = 0
         self._subscribers: Subscribers[RunUpdate] = Subscribers("run update")
         self._stop = threading.Event()
         self._wake = threading.Event()
         self.followers = {
-            n.node: LogFollower(pool, record, n, on_events=self._take, once=once,
+            n.node: LogFollower(pool, record, n, on_events=self._take, on_notice=self._notice,
+                                once=once,
                                 heartbeat=heartbeat, retry_max=retry_max,
                                 position=(positions or {}).get(n.node))
             for n in record.nodes
@@ -242,6 +259,12 @@ class RunFollower:
             room = self.max_events - len(self._pending)
             self._pending.extend((node, e) for e in events[:max(0, room)])
             self._dropped += max(0, len(events) - max(0, room))
+        self._wake.set()
+
+    def _notice(self, node: str, text: str) -> None:
+        with self._lock:
+            self._notices.append((node, text))
+            self.notices.append((node, text))
         self._wake.set()
 
     @property
@@ -284,12 +307,13 @@ class RunFollower:
     def _update(self) -> RunUpdate:
         with self._lock:
             events, self._pending = self._pending, []
+            notices, self._notices = self._notices, []
             dropped, self._dropped = self._dropped, 0
             self._revision += 1
         update = RunUpdate(self.record.id, self._revision, events,
                            {n: f.state for n, f in self.followers.items()},
                            {n: f.position for n, f in self.followers.items()},
-                           self.ended, dropped)
+                           self.ended, dropped, notices)
         self._subscribers.publish(update)
         return update
 
@@ -300,7 +324,7 @@ class RunFollower:
             finished = self._stop.is_set() or all(f.done for f in self.followers.values())
             states = {n: f.state for n, f in self.followers.items()}
             with self._lock:
-                changed = bool(self._pending or self._dropped)
+                changed = bool(self._pending or self._dropped or self._notices)
             if changed or states != last_states or finished:
                 self._wake.clear()
                 self._update()
