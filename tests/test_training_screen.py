@@ -413,6 +413,53 @@ async def test_mount_finds_the_run_and_follows_its_log_over_ssh(loopback, tmp_pa
         pool.close()
 
 
+async def test_a_node_whose_sshd_dies_and_comes_back_is_followed_again(loopback, tmp_path):
+    """A live run on node1 (a stand-in supervisor; its log written as the test goes): node1's
+    sshd is killed mid-log and started again. The screen follows node1 again from where it
+    stopped (never "node1 ended" before the end): every train line reaches the chart once."""
+    import threading
+
+    from test_follow import write_slowly
+    from test_runs import stand_in_supervisor
+
+    record, log = ended_run_on_node1(loopback.cluster_yaml, tmp_path, "20261130-001547-d00d")
+    done = Path(record.nodes[0].exit_file)
+    done.unlink()
+    data = log.read_bytes()
+    half = len(data) // 3
+    log.write_bytes(data[:half])
+    supervisor = stand_in_supervisor(record, "node1", seconds=300)
+    state = tmp_path / "state"
+    index_record(record, state)
+    app, pool = loopback_app(loopback.cluster_yaml, state)
+    writer = threading.Thread(target=write_slowly, args=(log, data[half:], done),
+                              kwargs={"seconds": 4})
+    train = [e for e in parse_file(str(FP32)) if isinstance(e, TrainStep)]
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            screen = await show(pilot)
+            await wait_until(pilot, lambda: screen.store is not None
+                             and screen.store.ranks(), 60, "the first third followed")
+            loopback.kill(1)
+            writer.start()  # the rest is written while node1 is unreachable
+            await wait_until(pilot, lambda: screen.follow_states.get("node1") == "reconnecting",
+                             60, "node1's follower reconnecting")
+            assert screen.follow_states.get("node1") != "ended"
+            loopback.restart(1)
+            await wait_until(pilot, lambda: screen.ended, 120, "the log followed to its end")
+            chart = screen.query_one("#loss-chart", LossChart)
+            await wait_until(pilot, lambda: len(chart.data.mean) == len(train), 10,
+                             "every train line on the chart")
+            assert [p[0] for p in chart.data.mean] == [e.total_step for e in train]
+            assert screen.store.ranks()[0].last_step == train[-1].total_step
+    finally:
+        if writer.is_alive():
+            writer.join()
+        supervisor.kill()
+        supervisor.wait()
+        pool.close()
+
+
 async def test_a_run_indexed_after_mount_is_found_without_a_key(loopback, tmp_path,
                                                                  monkeypatch):
     """A run started elsewhere (svconsole launch) while the screen shows no live run appears by
