@@ -16,7 +16,7 @@ from textual.app import App, SystemCommand
 from textual.dom import DOMNode
 from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
-from textual.worker import Worker, WorkerState
+from textual.worker import Worker, WorkerFailed, WorkerState
 
 from screens.base import ConsoleScreen
 from screens.bridge import follow_node_states
@@ -48,14 +48,23 @@ def _build_screen(mode: str) -> Screen:
 def _failed_screen(error: BaseException) -> Screen | None:
     """The screen whose code raised ``error``: the innermost frame of its traceback run by a
     widget (its screen) or a screen; None when no screen's code is on it."""
-    for frame, _ in reversed(list(traceback.walk_tb(error.__traceback__))):
-        node = frame.f_locals.get("self")
-        if not isinstance(node, DOMNode):
+    seen: set[int] = set()
+    chain: list[BaseException] = [error]
+    while chain:  # the error, then what it wraps (a worker's WorkerFailed, a cause)
+        exc = chain.pop(0)
+        if id(exc) in seen:
             continue
-        while node is not None and not isinstance(node, Screen):
-            node = node._parent
-        if node is not None:
-            return node
+        seen.add(id(exc))
+        for frame, _ in reversed(list(traceback.walk_tb(exc.__traceback__))):
+            node = frame.f_locals.get("self")
+            if not isinstance(node, DOMNode):
+                continue
+            while node is not None and not isinstance(node, Screen):
+                node = node._parent
+            if node is not None:
+                return node
+        chain += [e for e in (getattr(exc, "error", None), exc.__cause__, exc.__context__)
+                  if isinstance(e, BaseException)]
     return None
 
 
@@ -241,7 +250,8 @@ class SVConsoleApp(App[int]):
             super()._handle_exception(error)
             return
         phase = "run" if screen.built else "build"
-        failure = ScreenFailure(mode, type(screen).__module__, phase, error)
+        shown = error.error if isinstance(error, WorkerFailed) else error  # with its traceback
+        failure = ScreenFailure(mode, type(screen).__module__, phase, shown)
         self.log.error(failure.traceback)
         self._failed_screens.add(screen)
         self.call_later(self._show_failure, failure)

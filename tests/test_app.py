@@ -457,3 +457,28 @@ async def test_a_dialog_that_raises_is_closed_and_its_screen_goes_on(containing_
         await wait_for_screen(pilot, NodesScreen)
         await assert_other_screens_open(pilot, "nodes")
     assert containing_app.return_code in (0, None)
+
+
+async def test_a_screen_worker_that_fails_with_exit_on_error_is_an_error_panel(containing_app):
+    from textual import work
+
+    from screens.gpus import GPUsScreen as Base
+
+    class Failing(Base):
+        mode_name = "gpus"
+
+        def on_mount(self) -> None:
+            self.fail()
+
+        @work(thread=True)  # exit_on_error (Textual's default): this used to end the app
+        def fail(self) -> None:
+            raise OSError("boom in a worker")
+
+    containing_app.remove_mode("gpus")
+    containing_app.add_mode("gpus", lambda: Failing())
+    async with containing_app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("5")
+        await wait_for_screen(pilot, BrokenScreen)
+        assert "OSError: boom in a worker" in panel_text(containing_app)
+        await assert_other_screens_open(pilot, "gpus")
+    assert containing_app.return_code in (0, None)
