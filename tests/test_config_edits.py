@@ -308,3 +308,15 @@ async def test_facts_arriving_after_an_edit_never_replace_the_text(setup):
         assert not [f for f in screen.report.findings if "preset was checked" in f.message]
         assert "bf16 needs compute capability 8.0" in " ".join(
             f.message for f in screen.report.errors)
+
+
+async def test_the_report_says_each_thing_once(setup):
+    make, _ = setup
+    async with make().run_test(size=(120, 40)) as pilot:
+        screen = await open_config(pilot)
+        await type_into(pilot, screen, "dataset_conf.batch_size", "80000")  # over 85% of a GPU
+        report = str(screen.query_one("#report-text").render())
+        assert report.count(dsconfig.ESTIMATE_METHOD[:60]) == 1, "the memory paragraph once"
+        assert "above 85%" in report or "above 95%" in report, report
+        lines = [ln for ln in report.splitlines() if ln.startswith(("✗", "!", "i"))]
+        assert len(lines) == len(set(lines)), "each finding once"
