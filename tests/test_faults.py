@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import re
+import statistics
 from datetime import datetime
 from pathlib import Path
 
@@ -713,3 +714,21 @@ def test_the_scanner_never_raises_on_mutated_failure_text(lines: list[str],
         for f in scan_lines(mutated, context=ctx):
             assert f.evidence and f.count >= 1
             f.to_dict()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.floats(-1e3, 1e3), st.sampled_from([1e14, -1e14, 0.0, 5.0])),
+                max_size=150), st.sampled_from([12, 20, 50]))
+def test_loss_watch_flags_exactly_what_its_rule_says(losses: list[float], window: int) -> None:
+    """The sorted window and the early exit change nothing: the rule computed plainly."""
+    from collections import deque
+    watch = LossWatch(window=window)
+    seen: deque[float] = deque(maxlen=window)
+    for loss in losses:
+        expected = False
+        if len(seen) >= 10:
+            med = statistics.median(seen)
+            mad = statistics.median([abs(v - med) for v in seen])
+            expected = loss > med + max(8 * mad, 2 * abs(med), 1e-6)
+        assert (watch.observe(loss) is not None) == expected
+        seen.append(loss)

@@ -16,6 +16,7 @@ Severity and advice follow the seed guide's tables 6.1/6.2 and what real runs sh
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import statistics
@@ -1123,6 +1124,9 @@ class LossWatch:
     def __init__(self, window: int = 50, min_points: int = 10, mad_factor: float = 8.0,
                  rel_factor: float = 2.0) -> None:
         self.values: deque[float] = deque(maxlen=window)
+        self._sorted: list[float] = []
+        """``values`` in order: the median without a sort per step (the store calls this for
+        every step line of every rank)."""
         self.min_points = min_points
         self.mad_factor = mad_factor
         self.rel_factor = rel_factor
@@ -1134,14 +1138,21 @@ class LossWatch:
         if not math.isfinite(loss):
             return f"loss is {loss}"
         reason = None
-        if len(self.values) >= self.min_points:
-            med = statistics.median(self.values)
-            mad = statistics.median([abs(v - med) for v in self.values])
-            bar = med + max(self.mad_factor * mad, self.rel_factor * abs(med), 1e-6)
-            if loss > bar:
-                reason = (f"loss {loss:.6g} against a running median of {med:.6g} "
-                          f"over the last {len(self.values)} values")
+        n = len(self._sorted)
+        if n >= self.min_points:
+            ordered = self._sorted
+            med = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+            # the bar is at least this high: below it, the MAD need not be computed
+            if loss > med + max(self.rel_factor * abs(med), 1e-6):
+                mad = statistics.median([abs(v - med) for v in ordered])
+                bar = med + max(self.mad_factor * mad, self.rel_factor * abs(med), 1e-6)
+                if loss > bar:
+                    reason = (f"loss {loss:.6g} against a running median of {med:.6g} "
+                              f"over the last {n} values")
+        if len(self.values) == self.values.maxlen:
+            del self._sorted[bisect.bisect_left(self._sorted, self.values[0])]
         self.values.append(loss)
+        bisect.insort(self._sorted, loss)
         return reason
 
 
