@@ -386,7 +386,7 @@ def _step_header(message: str) -> dict[str, tuple[int | None, int | None]]:
 def _numbers(texts: list[str] | tuple[str, ...]) -> list[float | None]:
     """:func:`to_float` of each, in one go (the usual case: all plain numbers)."""
     try:
-        return [float(t) for t in texts]
+        return list(map(float, texts))
     except ValueError:
         return [to_float(t) for t in texts]
 
