@@ -26,6 +26,7 @@ from console.commands import launch as launch_command
 from console.ssh.pool import Pool
 from console.training import launch as launching
 from console.training import runs
+from console.training.flightrec import recorder_env
 from console.training.follow import RunFollower, run_metrics
 from console.training.launch import (
     Check,
@@ -91,7 +92,7 @@ def test_plan_is_exact_per_node():
                            "/opt/venv/lib/funasr/bin/train_ds.py"]
     assert a.env == {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_SOCKET_IFNAME": "eth0",
                      "NCCL_IB_DISABLE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "16",
-                     "NCCL_DEBUG": "WARN"}
+                     "NCCL_DEBUG": "WARN", **recorder_env("/nfs/shared/out", "r1")}
     assert b.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3" and b.env["OMP_NUM_THREADS"] == "8"
     assert (a.cwd, a.log, b.log) == ("/nfs/shared/out", "/nfs/shared/out/logs/a.log",
                                      "/nfs/shared/out/logs/b.log")

@@ -69,24 +69,28 @@ def _identity(cluster) -> dict:
 class FakeRun:
     """Rank processes tagged like a launched run's, one per node, and its record."""
 
-    def __init__(self, cluster_yaml: Path, directory: Path) -> None:
+    def __init__(self, cluster_yaml: Path, directory: Path, program_text: str = RANK_PROGRAM,
+                 env: dict[str, str] | None = None, run_id: str | None = None) -> None:
         self.cluster = load_cluster(cluster_yaml)
-        self.id = runs.new_run_id()
+        self.id = run_id or runs.new_run_id()
+        self.directory = directory
         names = self.cluster.names()[:NODES]
         program = directory / "rank.py"
-        program.write_text(RANK_PROGRAM)
+        program.write_text(program_text)
         init = f"tcp://127.0.0.1:{_free_port()}"
         self.procs: list[subprocess.Popen] = []
         nodes = []
         own = f"{directory}/svconsole/{self.id}"  # where launch puts them (runs.run_dir)
+        Path(own).mkdir(parents=True)
         (directory / "logs").mkdir()
         for rank, node in enumerate(names):
             log = directory / "logs" / f"{node}.log"
             log.write_text("")
-            env = {**os.environ, "SVCONSOLE_RUN_ID": self.id, "SVCONSOLE_NODE": node,
-                   "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(NODES),
-                   "INIT": init, "LOG": str(log), "OMP_NUM_THREADS": "1"}
-            self.procs.append(subprocess.Popen([sys.executable, str(program)], env=env,
+            tagged = {**os.environ, **(env or {}), "SVCONSOLE_RUN_ID": self.id,
+                      "SVCONSOLE_NODE": node, "RANK": str(rank), "LOCAL_RANK": "0",
+                      "WORLD_SIZE": str(NODES), "INIT": init, "LOG": str(log),
+                      "OMP_NUM_THREADS": "1"}
+            self.procs.append(subprocess.Popen([sys.executable, str(program)], env=tagged,
                                                stdin=subprocess.DEVNULL))
             nodes.append(runs.NodeRun(node, rank, str(log), f"{own}/{node}.pid",
                                       f"{own}/{node}.exit"))
@@ -353,3 +357,120 @@ def test_pyspy_setup_step_checks_installs_and_verifies(tmp_path: Path) -> None:
     [apply] = step.apply(fresh)
     assert "install" in apply.text and "'py-spy>=0.4'" in apply.text
     assert apply.text.startswith(f"{bare}/bin/python -m pip install")  # into that env
+
+
+# ---------------------------------------------------------------- flight recorder
+
+#: Ranks in an all_reduce loop with torch's flight recorder on (the launch's environment); rank 1
+#: stops taking part after 5 collectives, so the others hang in the 6th. Each rank writes its
+#: recorder's dump with torch's own code (``_dump_fr_trace``, what the NCCL watchdog writes on a
+#: timeout; gloo has no watchdog dump) to TORCH_NCCL_DEBUG_INFO_TEMP_FILE + rank once the test
+#: creates the file DUMP.
+FR_PROGRAM = r'''
+import os, threading, time
+import torch
+import torch.distributed as dist
+import torch._C._distributed_c10d as c10d
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo", init_method=os.environ["INIT"], rank=rank, world_size=world)
+
+def dumper():
+    while not os.path.exists(os.environ["DUMP"]):
+        time.sleep(0.1)
+    path = os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] + str(rank)
+    with open(path + ".tmp", "wb") as f:
+        f.write(c10d._dump_fr_trace())
+    os.replace(path + ".tmp", path)
+
+threading.Thread(target=dumper, daemon=True).start()
+t = torch.ones(64)
+for step in range(1000000):
+    if rank == 1 and step == 5:
+        while True:
+            time.sleep(1)
+    dist.all_reduce(t)
+    open(os.environ["LOG"], "a").write(f"train, rank: {rank}, step {step}\n")
+'''
+
+
+def test_flight_recorder_dumps_written_by_torch_are_collected_and_name_the_rank_behind(
+        loopback, tmp_path: Path) -> None:
+    from console.training import flightrec
+
+    run_id = runs.new_run_id()
+    trigger = tmp_path / "DUMP"
+    env = {**flightrec.recorder_env(str(tmp_path), run_id, entries=100), "DUMP": str(trigger)}
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{tmp_path}/svconsole/{run_id}/" \
+        "nccl_trace_rank_"
+    run = FakeRun(loopback.cluster_yaml, tmp_path, FR_PROGRAM, env, run_id=run_id)
+    names = run.cluster.names()
+    pool = Pool(run.cluster)
+    try:
+        wait_until(lambda: all(run.steps(r) >= 5 for r in range(NODES)), 120,
+                   "five collectives on every rank")
+        trigger.write_text("")
+        prefix = Path(env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"])
+        wait_until(lambda: all(Path(f"{prefix}{r}").exists() for r in range(NODES)), 60,
+                   "every rank's dump")
+        dumps = flightrec.collect(pool, run.record)
+        assert sorted(dumps.dumps) == [0, 1, 2] and dumps.errors == []
+        assert dumps.dumps[0]["entries"][0]["profiling_name"] == "gloo:all_reduce"
+        lines = flightrec.analyse(dumps, NODES)
+        assert lines[0].startswith(f"process group default_pg: rank 1 on {names[1]} behind at "
+                                   "collective #5, the others at #6"), lines
+        found = flightrec.finding(run.record, dumps)
+        assert found.evidence == tuple(lines) and "3 dump(s) read" in found.detail
+        assert "torch fr_trace: " in found.detail  # the installed torch has its analysis
+        assert "fr_trace failed" not in found.detail, found.detail
+        assert "Not all ranks joining collective, sequence number: 6" in found.detail
+        assert "missing ranks: {1}" in found.detail, found.detail
+        # a followed run's watchdog timeout: the watch collects and attaches the same
+        from console.training.logparse import parse_line
+        from console.training.metrics import MetricsStore
+        from console.training.stacks import StallWatch
+
+        store = MetricsStore()
+        watch = StallWatch(pool, run.record, store)
+        assert not watch.check_flight_recorder()  # no timeout yet: nothing collected
+        store.add(parse_line(
+            "[rank0]:[E1201 09:50:03.830110874 ProcessGroupNCCL.cpp:685] [Rank 0] Watchdog "
+            "caught collective operation timeout: WorkNCCL(SeqNum=6, OpType=ALLREDUCE, "
+            "NumelIn=64, NumelOut=64, Timeout(ms)=600000) ran for 600005 milliseconds before "
+            "timing out."), node=names[0])
+        assert watch.check_flight_recorder() and not watch.check_flight_recorder()
+        [attached] = [f for f in store.findings() if f.id == "flight-recorder"]
+        assert attached.evidence == tuple(lines)
+        store.close()
+    finally:
+        run.close()
+        pool.close()
+
+
+def test_flight_recorder_refuses_code_and_says_when_there_is_no_dump(loopback,
+                                                                    tmp_path: Path) -> None:
+    import pickle
+
+    from console.training import flightrec
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch /tmp/svconsole-pwned",))
+
+    with pytest.raises(ValueError, match="refused"):
+        flightrec.read_dump(pickle.dumps({"entries": [Evil()]}))
+    with pytest.raises(ValueError, match="no entries"):
+        flightrec.read_dump(pickle.dumps([1, 2]))
+    run = FakeRun(loopback.cluster_yaml, tmp_path, "import time\ntime.sleep(60)\n")
+    pool = Pool(run.cluster)
+    try:
+        dumps = flightrec.collect(pool, run.record)
+        assert dumps.dumps == {} and dumps.errors == []
+        found = flightrec.finding(run.record, dumps)
+        assert found.evidence[0] == "no dump from rank(s) 0, 1, 2 (the process died, or its " \
+            "watchdog did not fire)"
+        assert "CPU/gloo runs write none" in found.detail
+    finally:
+        run.close()
+        pool.close()

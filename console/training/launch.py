@@ -39,6 +39,7 @@ from console.cluster.redact import is_secret, redact, redact_env
 from console.ssh.pool import Pool, RemoteError
 from console.ssh.remote import script_text
 from console.training import dsconfig
+from console.training.flightrec import recorder_env
 from console.training.profile import TrainingProfile, parse_profile
 from console.training.runs import (
     BadRecord,
@@ -289,8 +290,10 @@ def build_plan(cluster: Cluster, profile: TrainingProfile, infos: Mapping[str, N
         argv = [*launcher, "--nnodes", str(len(order)), "--nproc-per-node", str(nproc),
                 "--node-rank", str(rank), "--master-addr", master.host,
                 "--master-port", str(port), entry, *overrides]
-        nodes.append(NodePlan(node.name, node.host, rank, nproc, argv,
-                              _node_env(cluster, node.name, info, nproc, options),
+        env = _node_env(cluster, node.name, info, nproc, options)
+        if options.entry != "cpu-wrapper":  # NCCL's flight recorder, dumped on a timeout
+            env = {**recorder_env(out, run_id), **env}  # the operator's --env wins
+        nodes.append(NodePlan(node.name, node.host, rank, nproc, argv, env,
                               options.cwd or out, f"{out}/logs/{node.name}.log"))
     if problems:
         raise PlanError("\n".join(problems))

@@ -376,6 +376,7 @@ class MetricsStore:
         self._last_step_at: float | None = None
         self._diagnosis: tuple[float, str, int | None, str | None] | None = None
         self._timings = StepTimings(straggler_window)
+        self._attached: dict[str, Finding] = {}
         self.revision = 0
         self._lock = threading.RLock()
         self._series: dict[str, Series] = {}
@@ -702,7 +703,15 @@ class MetricsStore:
             out += self._straggler_findings()
             out += self._grad_sync_findings()
             out += self._gpu_findings()
+            out += self._attached.values()
             return out
+
+    def attach(self, key: str, finding: Finding) -> None:
+        """Keep a finding that a diagnosis made (the flight recorder's, after a watchdog
+        timeout) among this run's findings, under ``key`` (a later one replaces it)."""
+        with self._lock:
+            self._attached[key] = finding
+            self.revision += 1
 
     # -- run stalls and stragglers ---------------------------------------------------------
 

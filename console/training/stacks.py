@@ -292,7 +292,7 @@ def take_stacks(pool: Pool, record: RunRecord, *, window_s: float = 1.0, native:
         notes += said
     ranks.sort(key=lambda r: (r.rank is None, r.rank or 0, r.node))
     groups, suspects = analyse(ranks, world_size=_world_size(record, ranks),
-                               unreachable=unreachable, placement=_placement(record),
+                               unreachable=unreachable, placement=placement(record),
                                stale_s=stale_s)
     if stepping(ranks, stale_s):
         newest = max(r.last_log_age_s or 0.0 for r in ranks)
@@ -313,7 +313,7 @@ def _world_size(record: RunRecord, ranks: Sequence[RankStack]) -> int | None:
     return sizes.pop() if len(sizes) == 1 else None
 
 
-def _placement(record: RunRecord) -> dict[int, str]:
+def placement(record: RunRecord) -> dict[int, str]:
     """Global rank -> node, from the plan (node_rank order, nproc_per_node each)."""
     plan = record.plan or {}
     nodes = sorted((n for n in plan.get("nodes", []) if isinstance(n, dict)
@@ -476,20 +476,29 @@ def diagnose_stall(pool: Pool, record: RunRecord) -> tuple[str, Suspect | None]:
     return "; ".join(parts), suspect
 
 
+#: The fault after which the ranks' flight recorder dumps are collected.
+WATCHDOG_FAULT = "nccl-watchdog-timeout"
+
+
 class StallWatch:
     """Watches a followed run's store for a run stall and diagnoses each one once
     (:func:`diagnose_stall`, on this watch's thread); the result goes into the stall's finding
-    (:meth:`MetricsStore.set_stall_diagnosis`)."""
+    (:meth:`MetricsStore.set_stall_diagnosis`). Once the run reports a watchdog timeout, it
+    collects the flight recorder dumps of every node and attaches their analysis
+    (:mod:`console.training.flightrec`) as a finding."""
 
     def __init__(self, pool: Pool, record: RunRecord, store: MetricsStore, *,
                  interval: float = 5.0) -> None:
         self.pool, self.record, self.store, self.interval = pool, record, store, interval
         self.diagnosed: list[tuple[RunStall, str]] = []
+        self.flight_collected = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def check(self) -> str | None:
-        """Diagnose the stall now, if there is one not yet diagnosed; its text."""
+        """Diagnose the stall now, if there is one not yet diagnosed; its text. Collect the
+        flight recorder's dumps after a watchdog timeout (once)."""
+        self.check_flight_recorder()
         stall = self.store.run_stall()
         if stall is None or any(d.since == stall.since for d, _ in self.diagnosed):
             return None
@@ -499,6 +508,19 @@ class StallWatch:
                                        rank=suspect.rank if suspect else None,
                                        node=suspect.node if suspect else None)
         return text
+
+    def check_flight_recorder(self) -> bool:
+        """After the run's first watchdog timeout finding, collect and attach the dumps; True
+        when this call did."""
+        if self.flight_collected or not any(f.id == WATCHDOG_FAULT
+                                            for f in self.store.findings()):
+            return False
+        from console.training import flightrec
+
+        self.flight_collected = True
+        dumps = flightrec.collect(self.pool, self.record)
+        self.store.attach(flightrec.FLIGHT_RECORDER.id, flightrec.finding(self.record, dumps))
+        return True
 
     def start(self) -> StallWatch:
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -519,5 +541,6 @@ class StallWatch:
             self._thread.join(10)
 
 
-__all__ = ["Frame", "Group", "RankStack", "StacksReport", "StallWatch", "Suspect", "analyse",
-           "collective_of", "diagnose_stall", "ranks_from_reply", "stepping", "take_stacks"]
+__all__ = ["Frame", "Group", "RankStack", "StacksReport", "StallWatch", "Suspect",
+           "WATCHDOG_FAULT", "analyse", "collective_of", "diagnose_stall", "placement",
+           "ranks_from_reply", "stepping", "take_stacks"]
