@@ -738,3 +738,18 @@ def test_twenty_configs_get_reports_that_never_contradict_themselves() -> None:
                     assert f.message.startswith(f.field + ' is "auto", ') and \
                         "filled only by the HF Trainer integration or DeepSpeed autotuning; " \
                         "FunASR passes it as is" in f.message, where
+
+
+def test_cli_without_any_json_checks_the_default_preset_and_says_so(tmp_path: Path,
+                                                                    capsys: Any) -> None:
+    """Neither ds_config.json nor the profile's deepspeed_config on this machine: the preset
+    the Config screen would offer is checked, and a finding says so (as the screen does)."""
+    (tmp_path / "training.yaml").write_text(
+        f"output_dir: /data/shared/out\ntrain_conf:\n  deepspeed_config: {tmp_path / 'no.json'}\n")
+    rc, out = _cli(tmp_path, "--world-size", "8", "--nodes", "2", "--gpu", "A100")
+    assert rc == 0, out
+    assert "info: ds_config.json is not saved yet: the zero1_fp32 preset was checked (fp32: " \
+           "bf16 dtype mismatch in FunASR's forward (fault bf16-dtype-mismatch) is possible" in out
+    assert _cli(tmp_path, "--world-size", "8", "--entry", "cpu-wrapper")[0] == 2
+    assert "--entry and --nproc-per-node count the ranks of the probed cluster" in \
+        capsys.readouterr().err
