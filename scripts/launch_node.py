@@ -329,6 +329,28 @@ def _env_file(path: str) -> dict:
     return {"exists": True, "values": values, "errors": bad}
 
 
+def _checkpoint(directory: str) -> dict | None:
+    """FunASR's ``model.pt`` in output_dir (None: none), with the epoch and step of the newest
+    ``model.pt.ep{E}`` / ``model.pt.ep{E}.{step}`` beside it (model.pt is a copy of it)."""
+    path = os.path.join(directory, "model.pt")
+    try:
+        saved = os.stat(path).st_mtime
+        names = os.listdir(directory)
+    except OSError:
+        return None
+    newest = None
+    for name in names:
+        m = re.fullmatch(r"model\.pt\.ep(\d+)(?:\.(\d+))?", name)
+        if m is None:
+            continue
+        with contextlib.suppress(OSError):
+            when = os.stat(os.path.join(directory, name)).st_mtime
+            if newest is None or when > newest[0]:
+                newest = (when, name, int(m[1]), int(m[2]) if m[2] else None)
+    return {"path": path, "saved": saved, "name": newest[1] if newest else None,
+            "epoch": newest[2] if newest else None, "step": newest[3] if newest else None}
+
+
 def inspect(args: dict) -> dict:
     train_ds, train_ds_error = _train_ds()
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
@@ -341,6 +363,9 @@ def inspect(args: dict) -> dict:
         "gpus": _gpus(),
         "cpus": len(os.sched_getaffinity(0)),
         "output_dir_error": _writable(args["output_dir"]) if args.get("output_dir") else None,
+        "checkpoint": _checkpoint(args["output_dir"]) if args.get("output_dir") else None,
+        # the address the console connected from, as this node routes to it
+        "ssh_client": (os.environ.get("SSH_CONNECTION") or "").split(" ")[0] or None,
         "data": {p: _head(p, args.get("head_lines", 20)) for p in args.get("data", [])},
         "port_error": _port_free(args["port"]) if args.get("port") else None,
         "env_file": _env_file(args["env_file"]) if args.get("env_file") else None,

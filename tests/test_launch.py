@@ -369,7 +369,18 @@ def test_tiny_sensevoice_two_nodes_launch_reattach_resume_stop(fresh_loopback, t
                           for r in doc["lines"] if r["kind"] == "train")
         assert cli_rows == sorted(rows)
 
-        # 3. resume with more epochs, then stop it mid-training
+        # 3. output_dir holds the finished run's checkpoint: a plain launch asks for a choice,
+        # and resuming without more epochs is refused (nothing is started by either)
+        for extra in ([], ["--resume", first.id]):
+            code, stdout, _ = cli(capsys, *common, "launch", "--profile", str(profile_file),
+                                  "--entry", "cpu-wrapper", *extra, "--yes", "--json")
+            reply = json.loads(stdout)
+            failed = {c["name"]: c["message"] for c in reply["checks"] if not c["ok"]}
+            assert code == 1 and "run" not in reply and set(failed) == {"checkpoint"}, failed
+            assert ("choose: --resume" if not extra else "finished its max_epoch 1") in \
+                failed["checkpoint"] and "model.pt.ep1: epoch 1, its end" in failed["checkpoint"]
+
+        # 4. resume with more epochs, then stop it mid-training
         profile_file.write_text(yaml.safe_dump(tiny_profile(tiny, out, max_epoch=4)))
         code, stdout, err = cli(capsys, *common, "launch", "--resume", first.id, "--profile",
                                 str(profile_file), "--yes", "--json")
@@ -405,3 +416,89 @@ def test_resume_profile_forces_resume_and_takes_changes():
     assert again.to_overrides() == [o.replace("resume=false", "resume=true")
                                     .replace("max_epoch=50", "max_epoch=7")
                                     for o in profile.to_overrides()]
+
+
+# ---------------------------------------------------------------- resume on purpose
+
+
+def test_checkpoint_choice_rules():
+    profile = default_profile().replace("output_dir", "/o").replace("train_conf.max_epoch", 2)
+    end = {"path": "/o/model.pt", "saved": 0.0, "name": "model.pt.ep2", "epoch": 2, "step": None}
+    mid = {**end, "name": "model.pt.ep1.400", "epoch": 1, "step": 400}
+
+    def check(ck, choice, p=profile):
+        return launching.checkpoint_check(ck, p, LaunchOptions(checkpoint=choice))
+
+    assert check(None, "refuse").ok and check(None, "fresh").ok
+    assert not check(None, "resume").ok  # nothing to resume
+    refused = check(mid, "refuse")
+    assert not refused.ok and "model.pt.ep1.400: epoch 1, step 400" in refused.message
+    assert "--resume" in refused.message and "--fresh" in refused.message
+    resumed = profile.replace("train_conf.resume", True)
+    assert check(mid, "resume", resumed).ok
+    finished = check(end, "resume", resumed)
+    assert not finished.ok and "finished its max_epoch 2; raise train_conf.max_epoch" in \
+        finished.message
+    assert check(end, "resume", resumed.replace("train_conf.max_epoch", 3)).ok
+    assert not check(mid, "resume", profile.replace("train_conf.resume", False)).ok
+    assert check(end, "fresh").ok and "moved aside" in check(end, "fresh").message
+
+
+def test_launch_into_a_checkpoint_needs_a_choice_and_fresh_moves_it_aside(lb2, tmp_path):
+    """The nodes report output_dir's model.pt with the newest model.pt.ep* beside it; a plain
+    launch fails that check, --fresh moves the old output_dir aside (kept whole) and starts in
+    an empty one."""
+    lb, pool = lb2
+    out = lb.shared_dir / "out"
+    out.mkdir()
+    for name in ("model.pt.ep1", "model.pt.ep2.120", "model.pt"):
+        (out / name).write_text(name)
+        time.sleep(0.02)  # newest by mtime: ep2.120 (model.pt is a copy of it)
+    profile = default_profile().replace("output_dir", str(out)) \
+        .replace("train_conf.use_deepspeed", False)
+    prep = prepare(pool, profile, LaunchOptions(entry="cpu-wrapper"))
+    [check] = [c for c in prep.checks if c.name == "checkpoint"]
+    assert not check.ok and "model.pt.ep2.120: epoch 2, step 120" in check.message, check
+    fresh = prepare(pool, profile, LaunchOptions(entry="cpu-wrapper", checkpoint="fresh"))
+    assert [c.ok for c in fresh.checks if c.name == "checkpoint"] == [True]
+    for node in fresh.plan.nodes:
+        node.argv[:] = ["true"]
+    record = launching.launch(pool, fresh, tmp_path, force=True)
+    runs.stop_run(pool, record, grace=2)
+    [aside] = [p for p in lb.shared_dir.iterdir() if p.name.startswith("out.")]
+    assert sorted(p.name for p in aside.iterdir() if p.name.startswith("model")) == \
+        ["model.pt", "model.pt.ep1", "model.pt.ep2.120"]
+    assert not (out / "model.pt").exists() and (out / "svconsole-run.json").exists()
+
+
+# ---------------------------------------------------------------- the master's address
+
+
+def test_master_address_is_one_the_workers_reach():
+    """A local head: the address a worker says the console connected from (SSH_CONNECTION),
+    or the head's host from cluster.yaml; none known: refused. Loopback addresses only when
+    every node is on this machine."""
+    def cluster(head: str) -> str:
+        return ("cluster: {name: lab, shared_dir: /data/shared}\nnodes:\n"
+                f"  - {{name: head, role: head, {head}}}\n"
+                "  - {name: w1, host: 10.0.0.11}\n  - {name: w2, host: 10.0.0.12}\n")
+
+    infos = {n: info(n, gpus=[0]) for n in ("head", "w1", "w2")}
+    routed = {**infos, "w1": info("w1", gpus=[0], ssh_client="10.0.0.1")}
+    profile = default_profile()
+    local = parse_cluster(cluster("local: true"))
+    plan = build_plan(local, profile, routed)
+    assert plan.master_addr == "10.0.0.1"
+    assert all(n.argv[n.argv.index("--master-addr") + 1] == "10.0.0.1" for n in plan.nodes)
+    with pytest.raises(PlanError, match="head: the master is this machine .* set head's host"):
+        build_plan(local, profile, infos)
+    named = parse_cluster(cluster("local: true, host: 10.0.0.1"))
+    assert build_plan(named, profile, infos).master_addr == "10.0.0.1"
+    loop = parse_cluster(cluster("host: 127.0.0.1"))
+    with pytest.raises(PlanError, match="the master is this machine \\(127.0.0.1\\)"):
+        build_plan(loop, profile, infos)
+    assert build_plan(loop, profile, routed).master_addr == "10.0.0.1"
+    same_machine = parse_cluster(cluster("host: 127.0.1.1").replace("10.0.0.", "127.0.1."))
+    assert build_plan(same_machine, profile, infos).master_addr == "127.0.1.1"
+    alone = parse_cluster("cluster: {name: one}\nnodes:\n  - {name: head, local: true}\n")
+    assert build_plan(alone, profile, {"head": info("head", gpus=[0])}).master_addr

@@ -1,7 +1,8 @@
 """``svconsole launch``: start a training run on every node, detached, after pre-flight checks.
 
 ``svconsole launch [--profile FILE] [--entry train_ds|cpu-wrapper] [--nproc-per-node N]
-[--master-port P] [--env KEY=VALUE]... [--resume RUN] [--dry-run] [--force] [--yes] [--json]``
+[--master-port P] [--env KEY=VALUE]... [--resume [RUN] | --fresh] [--dry-run] [--force] [--yes]
+[--json]``
 
 The nodes are asked what the launch needs, the plan is built and shown in full (every node's
 torchrun command, environment, working directory and log file), and the pre-flight checks run
@@ -10,9 +11,12 @@ other run alive, DeepSpeed config valid for the real world size). A failed check
 unless ``--force``. The launch is confirmed on the terminal unless ``--yes``. The run goes on
 when svconsole exits; ``svconsole logs RUN --follow`` follows it, ``svconsole stop RUN`` stops it.
 
-``--resume RUN`` launches again with the profile and options of RUN and
-``train_conf.resume=true``: FunASR continues from ``output_dir/model.pt`` (a ``--profile`` given
-as well replaces RUN's profile, e.g. with more epochs).
+An output_dir that already holds a checkpoint (``model.pt``) is named in the checks with its
+epoch and step, and the launch needs a choice: ``--resume`` continues from it
+(``train_conf.resume=true``; refused when the checkpoint ends the last epoch: raise max_epoch),
+``--fresh`` moves the old output_dir aside to ``<output_dir>.<time>`` (nothing is deleted) and
+starts anew, ``--force`` launches as it is. ``--resume RUN`` launches again with the profile and
+options of RUN (a ``--profile`` given as well replaces RUN's profile, e.g. with more epochs).
 
 Exit status: 0 launched (or ``--dry-run`` with every check ok), 1 a check failed or the launch
 failed, 2 bad input or not confirmed.
@@ -53,8 +57,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "ds_config.json beside cluster.yaml, as the Config screen saves it, "
                              "when it exists; 'profile': the profile's deepspeed_config path as "
                              "it is on the nodes)")
-    parser.add_argument("--resume", metavar="RUN",
-                        help="launch RUN again with train_conf.resume=true")
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument("--resume", metavar="RUN", nargs="?", const="",
+                        help="continue from output_dir's checkpoint (train_conf.resume=true); "
+                             "with RUN, with that run's profile and options")
+    choice.add_argument("--fresh", action="store_true",
+                        help="move an output_dir holding a checkpoint aside and start anew")
     parser.add_argument("--dry-run", action="store_true",
                         help="show the plan and the checks, start nothing")
     parser.add_argument("--force", action="store_true", help="launch even if a check failed")
@@ -105,15 +113,18 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
     try:
         env = _env(args.env)
         previous = resolve_run(ctx.pool, ctx.state_dir, args.resume) if args.resume else None
+        resuming = args.resume is not None
         profile_file = Path(args.profile) if args.profile else profile_path_for(ctx.cluster.path)
         if args.profile or (previous is None and profile_file.exists()):
             profile = load_profile(profile_file)
-            if previous is not None:
+            if resuming:
                 profile = profile.replace("train_conf.resume", True)
         elif previous is not None:
             profile = resume_profile(previous)
         else:
             profile = default_profile()
+            if resuming:
+                profile = profile.replace("train_conf.resume", True)
         ds_file = (None if args.ds_config == "profile" else Path(args.ds_config) if args.ds_config
                    else ds_config_path_for(ctx.cluster.path))
         ds_json = (ds_file.read_text(encoding="utf-8")
@@ -125,7 +136,8 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
     changes = {k: v for k, v in (("entry", args.entry), ("nproc_per_node", args.nproc_per_node),
                                   ("master_port", args.master_port),
                                   ("deepspeed_json", ds_json)) if v is not None}
-    options = replace(options, **changes, env={**options.env, **env})
+    options = replace(options, **changes, env={**options.env, **env},
+                      checkpoint="resume" if resuming else "fresh" if args.fresh else "refuse")
 
     with contextlib.redirect_stdout(sys.stderr):  # deepspeed's logger prints on stdout
         prep = prepare(ctx.pool, profile, options)

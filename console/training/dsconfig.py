@@ -1188,12 +1188,13 @@ def _matrix_profile(profile: TrainingProfile, cluster: ClusterSpec | None) -> li
         ranks = cluster.gpus_per_node
         want = max(1, min(cores) // 2 // ranks)
         if not want / 2 <= conf.num_workers <= want * 2:
+            kind = "training process" if cluster.entry == "cpu-wrapper" else "GPU process"
             out.append(_profile_finding(
                 profile, "warning", "matrix", "dataset_conf.num_workers",
-                f"{conf.num_workers} workers per GPU process; about {want} recommended",
+                f"{conf.num_workers} workers per {kind}; about {want} recommended",
                 f"the matrix says data loading should use half the CPU cores: the smallest node "
-                f"has {min(cores)} cores and runs {ranks} GPU processes, each with its own "
-                "workers; too few starve the GPUs, too many overload the CPUs",
+                f"has {min(cores)} cores and runs {ranks} {kind}{'es' * (ranks != 1)}, each with "
+                "its own workers; too few starve the ranks, too many overload the CPUs",
                 f"set dataset_conf.num_workers to {want}"))
     return out
 

@@ -28,7 +28,7 @@ import json
 import shlex
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,6 +54,7 @@ from console.training.runs import (
 )
 
 Entry = Literal["train_ds", "cpu-wrapper"]
+CheckpointChoice = Literal["refuse", "resume", "fresh"]
 ENTRIES: tuple[Entry, ...] = ("train_ds", "cpu-wrapper")
 CPU_WRAPPER = "sv_train_cpu.py"
 CPU_OVERRIDES = {"device": "cpu", "backend": "gloo"}
@@ -86,6 +87,10 @@ class LaunchOptions:
     """More environment for the training (e.g. TORCH_EXTENSIONS_DIR), on every node."""
     cwd: str | None = None
     """Working directory on the nodes; default output_dir."""
+    checkpoint: CheckpointChoice = "refuse"
+    """What to do when output_dir already holds a checkpoint (``model.pt``): ``refuse`` (the
+    pre-flight check fails: the operator must choose), ``resume`` from it, or ``fresh``: move
+    the old output_dir aside (``<output_dir>.<time>``, never deleted) and start anew."""
 
 
 # ---------------------------------------------------------------- what the nodes say
@@ -109,6 +114,10 @@ class NodeInfo:
     port_error: str | None = None
     env_file: dict[str, Any] | None = None
     runs: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint: dict[str, Any] | None = None
+    """FunASR's model.pt in output_dir: path, saved (mtime), name, epoch, step (None: none)."""
+    ssh_client: str | None = None
+    """The address this console connected from, as the node routes to it (SSH_CONNECTION)."""
 
     @classmethod
     def from_reply(cls, node: str, reply: Mapping[str, Any]) -> NodeInfo:
@@ -251,6 +260,34 @@ def _node_env(cluster: Cluster, name: str, info: NodeInfo, nproc: int,
     return env
 
 
+def _loopback(host: str) -> bool:
+    return host in ("", "localhost", "::1", "ip6-localhost") or host.startswith("127.")
+
+
+def master_address(cluster: Cluster, infos: Mapping[str, NodeInfo]) -> str:
+    """The address the other nodes reach the master at (torchrun's ``--master-addr``). The
+    master's host, unless that is this machine (``local: true``, or localhost / 127.*) while
+    other nodes are elsewhere: then the address the workers route to this machine by (what a
+    worker's SSH_CONNECTION says the console connected from). :class:`PlanError` when no such
+    address is known; never a loopback address for a multi-node plan, unless every node is on
+    this machine (a loopback cluster)."""
+    master = cluster.master_node
+    others = [n for n in cluster.nodes if n.name != master.name]
+    if not others:
+        return master.host or "127.0.0.1"
+    if not _loopback(master.host):
+        return master.host  # cluster.yaml's host (of a local head too)
+    if all(not n.local and _loopback(n.host) for n in others) and not master.local:
+        return master.host  # every node is on this machine
+    routed = [a for n in others if (a := (infos.get(n.name) or NodeInfo(n.name)).ssh_client)
+              and not _loopback(a)]
+    if routed:
+        return routed[0]
+    raise PlanError(f"{master.name}: the master is this machine ({master.host or 'local'}) and "
+                    f"no worker said how it reaches it: set {master.name}'s host in cluster.yaml "
+                    f"to this machine's address on the network the workers use")
+
+
 def build_plan(cluster: Cluster, profile: TrainingProfile, infos: Mapping[str, NodeInfo],
                options: LaunchOptions = LaunchOptions(), run_id: str | None = None) -> LaunchPlan:
     """The plan for every node of ``cluster`` (master first). Raises :class:`PlanError` naming
@@ -264,6 +301,11 @@ def build_plan(cluster: Cluster, profile: TrainingProfile, infos: Mapping[str, N
         profile = profile.replace("train_conf.deepspeed_config", shipped_ds_config(out, run_id))
     overrides = _overrides(profile, options.entry)
     problems, nodes = [], []
+    try:
+        master_addr = master_address(cluster, infos)
+    except PlanError as exc:
+        problems.append(str(exc))
+        master_addr = master.host
     env_file = None
     for rank, node in enumerate(order):
         info = infos.get(node.name) or NodeInfo(node.name, error="not inspected")
@@ -288,7 +330,7 @@ def build_plan(cluster: Cluster, profile: TrainingProfile, infos: Mapping[str, N
         launcher = [info.torchrun] if info.torchrun else [info.python or "python3", "-m",
                                                            "torch.distributed.run"]
         argv = [*launcher, "--nnodes", str(len(order)), "--nproc-per-node", str(nproc),
-                "--node-rank", str(rank), "--master-addr", master.host,
+                "--node-rank", str(rank), "--master-addr", master_addr,
                 "--master-port", str(port), entry, *overrides]
         env = _node_env(cluster, node.name, info, nproc, options)
         if options.entry != "cpu-wrapper":  # NCCL's flight recorder, dumped on a timeout
@@ -297,7 +339,7 @@ def build_plan(cluster: Cluster, profile: TrainingProfile, infos: Mapping[str, N
                               options.cwd or out, f"{out}/logs/{node.name}.log"))
     if problems:
         raise PlanError("\n".join(problems))
-    return LaunchPlan(run_id, cluster.name, master.name, master.host, port, out,
+    return LaunchPlan(run_id, cluster.name, master.name, master_addr, port, out,
                       options.entry, overrides, nodes, options, env_file)
 
 
@@ -450,6 +492,9 @@ def prepare(pool: Pool, profile: TrainingProfile, options: LaunchOptions = Launc
                                           f"node(s)"))
     except PlanError as exc:
         checks.append(Check("plan", False, str(exc).replace("\n", "; ")))
+    master = infos.get(cluster.master_node.name)
+    if master is not None and master.error is None:
+        checks.append(checkpoint_check(master.checkpoint, profile, options))
     if plan is not None and profile.train_conf.use_deepspeed:
         checks.append(_config_check(pool, plan, profile, infos))
     if plan is not None:  # between the nodes: ports, shared output_dir, interfaces, data files
@@ -457,6 +502,61 @@ def prepare(pool: Pool, profile: TrainingProfile, options: LaunchOptions = Launc
 
         checks += preflight(pool, plan, profile)
     return Preparation(infos, plan, checks, profile)
+
+
+def checkpoint_text(checkpoint: Mapping[str, Any]) -> str:
+    """``model.pt (model.pt.ep2.400: epoch 2, step 400; saved 2026-12-01 10:02)``."""
+    saved = time.strftime("%Y-%m-%d %H:%M", time.localtime(checkpoint.get("saved") or 0))
+    name, epoch, step = checkpoint.get("name"), checkpoint.get("epoch"), checkpoint.get("step")
+    where = f"{name}: epoch {epoch}" + (f", step {step}" if step is not None else ", its end") \
+        if name else "epoch and step unknown"
+    return f"a checkpoint, model.pt ({where}; saved {saved})"
+
+
+def checkpoint_check(checkpoint: Mapping[str, Any] | None, profile: TrainingProfile,
+                     options: LaunchOptions) -> Check:
+    """Launching into an output_dir that holds a checkpoint is a choice the operator makes:
+    resume from it (refused when it is the end of the last epoch: raise max_epoch first), start
+    fresh (the old output_dir moved aside) or force; without one, this check fails."""
+    out = profile.output_dir
+    resume = profile.train_conf.resume
+    if checkpoint is None:
+        if options.checkpoint == "resume":
+            return Check("checkpoint", False, f"{out} holds no model.pt: nothing to resume")
+        return Check("checkpoint", True, f"{out} holds no checkpoint: the run starts anew")
+    what = checkpoint_text(checkpoint)
+    if options.checkpoint == "fresh":
+        return Check("checkpoint", True, f"{out} holds {what}: it is moved aside to "
+                                         f"{out}.<launch time> and the run starts anew")
+    if options.checkpoint == "resume":
+        epoch, step = checkpoint.get("epoch"), checkpoint.get("step")
+        last = profile.train_conf.max_epoch
+        if not resume:
+            return Check("checkpoint", False, f"{out} holds {what}, but train_conf.resume is "
+                                              f"false: FunASR would start anew over it")
+        if epoch is not None and step is None and epoch >= last:
+            return Check("checkpoint", False, f"{out} holds {what}: that run finished its "
+                                              f"max_epoch {last}; raise train_conf.max_epoch "
+                                              f"to train on")
+        return Check("checkpoint", True, f"resumes from {what} (max_epoch {last})")
+    then = "FunASR resumes from it" if resume else "FunASR starts anew and overwrites it"
+    return Check("checkpoint", False, f"{out} already holds {what}; choose: --resume continues "
+                                      f"from it, --fresh moves it aside and starts anew, "
+                                      f"--force launches as it is ({then})")
+
+
+def _move_aside(pool: Pool, plan: LaunchPlan) -> str:
+    """``--fresh``: rename output_dir to ``<output_dir>.<time>`` on the master (shared storage:
+    every node sees it), never over an existing path, and make output_dir again."""
+    out = plan.output_dir
+    aside = f"{out}.{time.strftime('%Y%m%d-%H%M%S')}"
+    q, qa = shlex.quote(out), shlex.quote(aside)
+    result = pool.run(plan.master, f"test ! -e {qa} && mv -T -- {q} {qa} && mkdir -p -- {q}/logs",
+                      timeout=60)
+    if not result.ok:
+        raise LaunchError(f"{plan.master}: cannot move {out} aside to {aside}: "
+                          f"{result.error or result.stderr.strip() or 'exit ' + str(result.exit)}")
+    return aside
 
 
 # ---------------------------------------------------------------- launch
@@ -506,6 +606,9 @@ def launch(pool: Pool, prep: Preparation, state_dir: Path, *, force: bool = Fals
         raise LaunchError(str(exc)) from None
     assert here is not None  # create=True
     record.identity = here.to_dict()
+    master = prep.infos.get(plan.master)
+    if plan.options.checkpoint == "fresh" and master is not None and master.checkpoint:
+        _move_aside(pool, plan)
     try:
         _put_secrets(pool, plan, record)
         if plan.entry == "cpu-wrapper":
@@ -557,12 +660,12 @@ def resume_profile(record: RunRecord, **changes: Any) -> TrainingProfile:
 
 
 def resume_options(record: RunRecord) -> LaunchOptions:
-    """The launch options the run was started with."""
-    return LaunchOptions(**record.plan.get("options", {}))
+    """The launch options the run was started with, to resume from its checkpoint."""
+    return replace(LaunchOptions(**record.plan.get("options", {})), checkpoint="resume")
 
 
 __all__ = [
-    "CPU_OVERRIDES", "Check", "ENTRIES", "Entry", "LaunchError", "LaunchOptions", "LaunchPlan",
-    "NodeInfo", "NodePlan", "PlanError", "Preparation", "build_plan",
+    "CPU_OVERRIDES", "Check", "CheckpointChoice", "checkpoint_check", "ENTRIES", "Entry", "LaunchError", "LaunchOptions", "LaunchPlan",
+    "NodeInfo", "NodePlan", "PlanError", "master_address", "Preparation", "build_plan",
     "inspect_nodes", "launch", "shipped_ds_config", "prepare", "resume_options", "resume_profile",
 ]
