@@ -54,6 +54,7 @@ class Users:
     def __init__(self, base: Path) -> None:
         tag = secrets.token_hex(3)
         self.pw, self.nopw, self.none = f"svs{tag}p", f"svs{tag}n", f"svs{tag}x"
+        self.nosudo = f"svs{tag}m"  # its shell's PATH has no sudo: as on a node without it
         self.base = base
         self.sudo_log = base / "sudo.log"
         self.root_dir = base / "root-only"
@@ -62,9 +63,16 @@ class Users:
 
     def create(self) -> None:
         self.root_dir.mkdir(mode=0o755)
-        for name in (self.pw, self.nopw, self.none):
+        for name in (self.pw, self.nopw, self.none, self.nosudo):
             subprocess.run(["useradd", "-m", "-s", "/bin/bash", name], check=True)
             self.made.append(name)
+        subprocess.run(["usermod", "-p", "*", self.nosudo], check=True)
+        home = Path(pwd.getpwnam(self.nosudo).pw_dir)
+        tools = home / "bin"
+        tools.mkdir()
+        for tool in ("bash", "sh", "id", "cat", "python3", "test"):
+            (tools / tool).symlink_to(shutil.which(tool))
+        (home / ".bashrc").write_text(f"export PATH={tools}\n")  # read by sshd's bash
         subprocess.run(["chpasswd"], input=f"{self.pw}:{PASSWORD}\n{self.none}:{PASSWORD}\n",
                        text=True, check=True)
         subprocess.run(["usermod", "-p", "*", self.nopw], check=True)  # no password, not locked
@@ -104,9 +112,11 @@ def clusters(users: Users) -> Iterator[dict[str, LoopbackCluster]]:
     started: dict[str, LoopbackCluster] = {}
     try:
         for key, user, n, banner in (("pw", users.pw, 2, (1,)), ("nopw", users.nopw, 1, ()),
-                                     ("none", users.none, 1, (0,))):
+                                     ("none", users.none, 1, (0,)),
+                                     ("nosudo", users.nosudo, 1, ())):
             cluster = LoopbackCluster(users.base / key, n, base_port=None, user=user,
-                                      banner_nodes=banner, guard=True)
+                                      banner_nodes=banner, guard=True,
+                                      user_rc=key == "nosudo")
             started[key] = cluster
             cluster.up()
             (users.base / key).chmod(0o755)
@@ -305,3 +315,17 @@ async def test_setup_screen_asks_again_after_sudo_refused_the_password(users, cl
         pool.close()
     assert users.sudo_log.read_text().count("incorrect password attempt") == before + 2
     assert (users.root_dir / "tui-node1.conf").stat().st_uid == 0
+
+
+def test_node_without_sudo_is_told_so(users, clusters, tmp_path) -> None:
+    cluster = load_cluster(clusters["nosudo"].cluster_yaml)
+    asked: list[str] = []
+    with Pool(cluster, sudo_password=lambda: asked.append("?") or PASSWORD) as pool:
+        assert pool.sudo_mode("node0") == "missing"
+        summary = Runner(pool, cluster, root_steps(users, "nosudo"), state_dir=tmp_path).run()
+        plain = pool.run("node0", "id -un")
+    for (_step, _node), (state, detail) in cells(summary).items():
+        assert state == StepState.FAILED
+        assert "node0: the SSH user is not root and sudo is not installed there" in detail
+    assert plain.ok and plain.stdout.strip() == users.nosudo
+    assert asked == []  # nobody is asked for a password sudo could never take
