@@ -244,28 +244,36 @@ def test_password_sudo_output_is_streamed_live(users, clusters, tmp_path) -> Non
     assert "0" in log and log.index("first") < log.index("second")
 
 
-def test_nopasswd_sudo_runs_root_steps_without_asking(users, clusters, tmp_path) -> None:
-    cluster = load_cluster(clusters["nopw"].cluster_yaml)
+def root_run(users: Users, lb: LoopbackCluster, tag: str, password: str | None, state: Path
+             ) -> tuple[str, dict, list[str], str]:
+    """On ``lb`` as its user: the mode the probe finds on node0, the cells of a run of
+    :func:`root_steps`, how often the pool asked for ``password``, and ``id -un`` run plainly."""
+    cluster = load_cluster(lb.cluster_yaml)
     asked: list[str] = []
-    with Pool(cluster, sudo_password=lambda: asked.append("?") or None) as pool:
-        assert pool.sudo_mode("node0") == "nopass"
-        summary = Runner(pool, cluster, root_steps(users, "nopw"), state_dir=tmp_path).run()
-    assert {s for s, _ in cells(summary).values()} == {StepState.DONE}, cells(summary)
+    with Pool(cluster, sudo_password=lambda: asked.append("?") or password) as pool:
+        mode = pool.sudo_mode("node0")
+        summary = Runner(pool, cluster, root_steps(users, tag), state_dir=state).run()
+        plain = pool.run("node0", "id -un")
+    assert plain.ok, plain  # ordinary commands still work
+    return mode, cells(summary), asked, plain.stdout.strip()
+
+
+def test_nopasswd_sudo_runs_root_steps_without_asking(users, clusters, tmp_path) -> None:
+    mode, done, asked, _ = root_run(users, clusters["nopw"], "nopw", None, tmp_path)
+    assert mode == "nopass"
+    assert {s for s, _ in done.values()} == {StepState.DONE}, done
     assert (users.root_dir / "nopw-node0.conf").stat().st_uid == 0
     assert asked == []
 
 
 def test_user_without_sudo_is_told_so(users, clusters, tmp_path) -> None:
-    cluster = load_cluster(clusters["none"].cluster_yaml)
-    with Pool(cluster, sudo_password=lambda: PASSWORD) as pool:
-        assert pool.sudo_mode("node0") == "password"  # only sudo, given a password, can tell
-        summary = Runner(pool, cluster, root_steps(users, "none"), state_dir=tmp_path).run()
-        plain = pool.run("node0", "id -un")  # ordinary commands still work
-    for (_step, _node), (state, detail) in cells(summary).items():
+    mode, failed, _, whoami = root_run(users, clusters["none"], "none", PASSWORD, tmp_path)
+    assert mode == "password"  # only sudo, given a password, can tell
+    for state, detail in failed.values():
         assert state == StepState.FAILED
         assert "sudo on node0: the SSH user may not use sudo there" in detail, detail
         assert "not in the sudoers file" in detail
-    assert plain.ok and plain.stdout.strip().endswith(users.none)
+    assert whoami.endswith(users.none)
     assert not list(users.root_dir.glob("none-*"))
 
 
@@ -318,14 +326,11 @@ async def test_setup_screen_asks_again_after_sudo_refused_the_password(users, cl
 
 
 def test_node_without_sudo_is_told_so(users, clusters, tmp_path) -> None:
-    cluster = load_cluster(clusters["nosudo"].cluster_yaml)
-    asked: list[str] = []
-    with Pool(cluster, sudo_password=lambda: asked.append("?") or PASSWORD) as pool:
-        assert pool.sudo_mode("node0") == "missing"
-        summary = Runner(pool, cluster, root_steps(users, "nosudo"), state_dir=tmp_path).run()
-        plain = pool.run("node0", "id -un")
-    for (_step, _node), (state, detail) in cells(summary).items():
+    mode, failed, asked, whoami = root_run(users, clusters["nosudo"], "nosudo", PASSWORD,
+                                           tmp_path)
+    assert mode == "missing"
+    for state, detail in failed.values():
         assert state == StepState.FAILED
         assert "node0: the SSH user is not root and sudo is not installed there" in detail
-    assert plain.ok and plain.stdout.strip() == users.nosudo
+    assert whoami == users.nosudo
     assert asked == []  # nobody is asked for a password sudo could never take
