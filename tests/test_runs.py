@@ -173,16 +173,21 @@ def test_a_console_elsewhere_finds_the_live_run_through_the_nodes(cluster2, pool
         runs.stop_run(pool, record, grace=5)
 
 
-def test_a_cluster_sharing_the_hosts_never_sees_or_stops_the_others_run(fresh_loopback, pools,
-                                                                          tmp_path):
+async def test_a_cluster_sharing_the_hosts_never_sees_or_stops_the_others_run(
+        fresh_loopback, pools, tmp_path, capsys, monkeypatch):
     """Two cluster.yaml files with the same name, the same node names and the same addresses,
     on other SSH ports (two loopback clusters on one machine: the node scan sees both clusters'
     processes): A's consoles neither list, index, ask nor stop B's run, even with B's record in
     the same state directory. The cluster id each launch wrote into its cluster.yaml (comments
     kept, the old file kept as .bak) is what tells them apart; a copied id still does not match
-    another port or another host key, and a renamed cluster keeps its runs."""
+    another port or another host key, and a renamed cluster keeps its runs. The same through
+    the CLI (runs, logs, stop), the exporter's run watcher and the Training screen."""
+    from test_training_screen import loopback_app, show, wait_until
+
+    from console.cli import main
     from console.cluster.identity import cluster_id
     from console.cluster.model import ClusterEditor
+    from console.exporter import RunWatcher
 
     lb_a, lb_b = fresh_loopback(2), fresh_loopback(2)
     lb_a.cluster_yaml.write_text("# our lab\n" + lb_a.cluster_yaml.read_text())
@@ -233,6 +238,39 @@ def test_a_cluster_sharing_the_hosts_never_sees_or_stops_the_others_run(fresh_lo
         rekeyed.identity["nodes"][1]["fingerprints"] = ["SHA256:another-machine"]
         assert "node 'node1' had host key SHA256:another-machine, the one known here is " \
             "SHA256:" in runs.foreign_reason(rekeyed, pool_a.cluster, runs.own_identity(pool_a))
+
+        # the CLI, the exporter and the TUI of cluster A, with B's run in the same index
+        monkeypatch.setenv("SVCONSOLE_STATE_DIR", str(state))
+        config = ["--config", str(lb_a.cluster_yaml)]
+        capsys.readouterr()
+        assert main([*config, "runs", "--json"]) == 0
+        assert [r["id"] for r in json.loads(capsys.readouterr().out)] == [ours.id]
+        for command in (["stop", theirs.id, "--yes"], ["logs", theirs.id],
+                        ["metrics", theirs.id]):
+            assert main([*config, *command]) == 2, command
+            assert f"no run '{theirs.id}'" in capsys.readouterr().err, command
+        assert set(before) <= set(tagged(theirs.id))
+        watcher = RunWatcher(pool_a, state, interval=0)
+        try:
+            watcher.poll()
+            assert [w.run_id for w in watcher.runs()] == [ours.id]
+        finally:
+            watcher.stop()
+        app, app_pool = loopback_app(lb_a.cluster_yaml, state)
+        try:
+            async with app.run_test(size=(100, 30)) as pilot:
+                screen = await show(pilot)
+                await wait_until(pilot, lambda: screen.record is not None and not screen.finding,
+                                 60, "the screen's search for runs")
+                assert screen.record.id == ours.id and screen.run_state == "running"
+                await pilot.press("s")  # the stop question names our run, answered no
+                await wait_until(pilot, lambda: app.screen is not screen, 10, "the question")
+                assert ours.id in str(app.screen.question) and theirs.id not in \
+                    str(app.screen.question)
+                await pilot.press("n")
+        finally:
+            app_pool.close()
+        assert set(before) <= set(tagged(theirs.id)) and tagged(ours.id)
 
         editor = ClusterEditor(lb_a.cluster_yaml)  # renamed: still the same cluster
         editor.set("cluster.name", "lab-a")
