@@ -474,3 +474,31 @@ def test_flight_recorder_refuses_code_and_says_when_there_is_no_dump(loopback,
     finally:
         run.close()
         pool.close()
+
+
+def test_preflight_says_where_pyspy_is_missing(loopback, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from console.training.stacks import pyspy_checks
+
+    cluster = load_cluster(loopback.cluster_yaml)
+    names = cluster.names()[:2]
+    with Pool(cluster) as pool:
+        found = pyspy_checks(pool, names)
+    assert [(c.node, c.ok, c.warning) for c in found] == [(n, True, False) for n in names]
+    assert found[0].message.endswith("/py-spy (svconsole stacks)")
+    bare = tmp_path / "bare-env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    elsewhere = replace(cluster, python=str(bare / "bin" / "python"))
+    env_path = os.environ["PATH"]
+    os.environ["PATH"] = ":".join(p for p in env_path.split(":")
+                                  if not Path(p, "py-spy").exists())
+    try:
+        with Pool(elsewhere) as pool:
+            [missing] = pyspy_checks(pool, names[:1])
+    finally:
+        os.environ["PATH"] = env_path
+    assert missing.ok and missing.warning  # a launch goes on; stacks shows states only
+    assert missing.message.startswith(f"py-spy missing for {bare}/bin/python: svconsole "
+                                      "stacks will show the ranks' states but no stacks; run "
+                                      "the setup step py-spy")

@@ -499,8 +499,10 @@ def prepare(pool: Pool, profile: TrainingProfile, options: LaunchOptions = Launc
         checks.append(_config_check(pool, plan, profile, infos))
     if plan is not None:  # between the nodes: ports, shared output_dir, interfaces, data files
         from console.training.preflight import preflight
+        from console.training.stacks import pyspy_checks
 
         checks += preflight(pool, plan, profile)
+        checks += pyspy_checks(pool, [n.node for n in plan.nodes])
     return Preparation(infos, plan, checks, profile)
 
 

@@ -23,6 +23,7 @@ import importlib
 import json
 import logging
 import re
+import shlex
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -33,7 +34,7 @@ from typing import Any
 from console.ssh.pool import Pool
 from console.ssh.remote import script_text
 from console.training.metrics import MetricsStore, RunStall
-from console.training.runs import PREFIX, RunRecord, check_own, node_command
+from console.training.runs import PREFIX, RunRecord, check_own, node_command, node_python
 
 log = logging.getLogger(__name__)
 
@@ -434,6 +435,34 @@ def analyse(ranks: Sequence[RankStack], *, world_size: int | None = None,
     return groups, suspects
 
 
+# ---------------------------------------------------------------- pre-flight
+
+
+def pyspy_checks(pool: Pool, nodes: Sequence[str]) -> list[Any]:
+    """Pre-flight: py-spy beside the training Python (or on PATH) on each node. A missing one
+    does not stop a launch (a warning): ``svconsole stacks`` then shows only the processes'
+    states; the setup step ``py-spy`` installs it. Unreachable nodes are left to the other
+    checks. Returns ``console.training.launch.Check`` s."""
+    from console.training.launch import Check
+
+    python = node_python(pool.cluster)
+    cmd = (f"d=$(dirname -- {shlex.quote(python)}); if [ -x \"$d/py-spy\" ]; then "
+           "echo \"$d/py-spy\"; else command -v py-spy || echo MISSING; fi")
+    out = []
+    for node, result in pool.run_all(cmd, nodes=list(nodes), timeout=30).items():
+        if not result.ok:
+            continue
+        said = result.stdout.strip().splitlines()
+        where = said[-1] if said else "MISSING"
+        if where == "MISSING":
+            out.append(Check("py-spy", True, f"py-spy missing for {python}: svconsole stacks "
+                             "will show the ranks' states but no stacks; run the setup step "
+                             "py-spy (or pip install py-spy there)", node, warning=True))
+        else:
+            out.append(Check("py-spy", True, f"{where} (svconsole stacks)", node))
+    return out
+
+
 # ---------------------------------------------------------------- stall diagnosis
 
 
@@ -542,5 +571,5 @@ class StallWatch:
 
 
 __all__ = ["Frame", "Group", "RankStack", "StacksReport", "StallWatch", "Suspect",
-           "WATCHDOG_FAULT", "analyse", "collective_of", "diagnose_stall", "placement",
+           "WATCHDOG_FAULT", "analyse", "collective_of", "diagnose_stall", "placement", "pyspy_checks",
            "ranks_from_reply", "stepping", "take_stacks"]
