@@ -168,9 +168,11 @@ async def show(pilot) -> GPUsScreen:
 
 
 async def settle(pilot) -> None:
-    """Let the messages arrive and the (at most twice a second) render happen."""
-    await pilot.pause()
-    await pilot.pause(0.6)
+    """Wait until the messages so far are handled and the redraw they asked for is done (no
+    fixed wait: see test_training_screen.settle)."""
+    from test_training_screen import settle as settled
+
+    await settled(pilot)
 
 
 def panel_text(screen: GPUsScreen, node: str) -> str:

@@ -125,10 +125,23 @@ async def show(pilot) -> TrainingScreen:
     return screen
 
 
-async def settle(pilot) -> None:
-    """Let the messages arrive and the (at most twice a second) render happen."""
+async def settle(pilot, timeout: float = 30.0) -> None:
+    """Wait for the state a test asserts on: the messages posted so far handled, and the
+    redraw they asked for done (the screen's throttle has no redraw for news armed: an armed
+    timer further away than its interval is a tick). No fixed wait; the deadline is generous
+    for a loaded machine. Shared with test_gpus_screen."""
     await pilot.pause()
-    await pilot.pause(0.6)
+    deadline = time.monotonic() + timeout
+    while True:
+        throttles = [s.redraws for s in pilot.app.screen_stack if hasattr(s, "redraws")]
+        armed = [t for t in throttles if t.shown and t._timer is not None
+                 and t._due - time.monotonic() <= t.every]
+        if not armed:
+            break
+        if time.monotonic() > deadline:
+            pytest.fail(f"the screen's redraw did not happen within {timeout:g}s")
+        await pilot.pause(0.05)
+    await pilot.pause()  # the redraw's own refresh
 
 
 def fed_run(screen: TrainingScreen, logs: dict[str, Path]) -> Feeder:
