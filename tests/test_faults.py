@@ -508,6 +508,16 @@ def test_cause_that_comes_after_hydras_line_is_attached() -> None:
     assert found[1].evidence == (lines[3], lines[0]) and found[1].line_no == 1
 
 
+def test_a_loggers_error_line_before_hydras_failure_is_its_cause() -> None:
+    lines = ["[2026-12-01 10:30:00,000][root][INFO] - Train epoch: 0, rank: 0",
+             "[2026-12-01 10:30:01,000][root][ERROR] - tokenizer: token id 25100 outside the "
+             "vocabulary (25055)",
+             "Error executing job with overrides: ['++model=/m']"]
+    [f] = scan_lines(lines)
+    assert f.id == "job-failed" and f.evidence == (lines[1], lines[2])
+    assert "cause: [2026-12-01 10:30:01,000][root][ERROR] - tokenizer" in f.detail
+
+
 @pytest.mark.parametrize("prefix", ["[2026-11-30 01:00:00,000][root][INFO] - ", "", "INFO] - ",
                                     "[rank1]:", "[default1]: "])
 def test_negative_and_non_finite_loss_with_rank_and_step(prefix: str) -> None:

@@ -907,6 +907,8 @@ class FaultScanner:
         matched = match_line(text, resuming=self.context.resuming)
         exc = _EXC_START.match(body)
         if not matched and exc is None:
+            if "[ERROR]" in body[:80] or "[CRITICAL]" in body[:80]:  # a logger's error line
+                self._cause(text, line_rank)
             return matched
         if line_rank is None:
             line_rank = block_rank if block_rank is not None else self._rank_of(text, event)
