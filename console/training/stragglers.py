@@ -54,8 +54,9 @@ RUN_STALLED = Fault(
     id="run-stalled", title="Run stalled: no step line from any rank", severity=Severity.ERROR,
     detector="stall",
     advice="Every rank stopped logging: they usually wait in a collective for one rank that is "
-           "stuck, stopped or dead, or for a node they cannot reach. svconsole stacks RUN names "
-           "the rank the others wait for and what it is doing; the reachability checks name a "
+           "stuck, stopped or dead, or for a node they cannot reach. svconsole stacks RUN (t on "
+           "the Training screen) names the rank the others wait for and what it is doing; the "
+           "reachability checks name a "
            "node or port that cannot be reached. Stop the run (svconsole stop RUN) once the "
            "evidence is taken, and resume from the last checkpoint.",
     source="issue 15 item 5, issue 16")
