@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 import threading
 import time
 import traceback
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from console.cluster.model import Cluster
     from console.gpu.telemetry import Telemetry
     from console.ssh.pool import Pool
+    from screens.alerting import AlertsHub
 
 
 def _build_screen(mode: str) -> Screen:
@@ -72,6 +74,10 @@ def _failed_screen(error: BaseException) -> Screen | None:
 SAVE_WAIT = 120.0
 
 
+#: Seconds between two evaluations of the alert rules.
+ALERT_TICK_S = 5.0
+
+
 class SVConsoleApp(App[int]):
     """One app, one cluster, one pool. Screens read ``app.cluster`` and ``app.pool``."""
 
@@ -97,6 +103,9 @@ class SVConsoleApp(App[int]):
         #: An nvml.json to replay on the GPUs screen instead of real GPUs (shown as SIMULATED).
         self.gpu_simulate = gpu_simulate
         self._telemetry: Telemetry | None = None
+        #: The console's alerts (screens/alerting.py): bell, toast and cluster.yaml's sinks.
+        self.alerts: AlertsHub | None = None
+        self._alert_timer: Timer | None = None
         self.title = f"svconsole · {cluster.name}"
         self._unsubscribe = lambda: None
 
@@ -105,8 +114,12 @@ class SVConsoleApp(App[int]):
         self._update_subtitle()
         if self.health_interval:
             self.start_health()
+        self._apply_keymap()
+        self._start_alerts()
 
     def on_unmount(self) -> None:
+        if self.alerts is not None:
+            self.alerts.close()
         self._unsubscribe()
         self.stop_gpu_telemetry()
 
@@ -223,6 +236,7 @@ class SVConsoleApp(App[int]):
         self._update_subtitle()
         if self.health_interval:
             self.start_health()
+        self._start_alerts()   # the new cluster's alert rules
         for mode, _, _ in SCREENS:
             if mode != self.current_mode:
                 self.remove_mode(mode)
@@ -308,6 +322,104 @@ class SVConsoleApp(App[int]):
             self.notify(f"{event.worker.name} failed: {event.worker.error}", severity="error",
                         timeout=10)
 
+    # ------------------------------------------------------------------ keys, commands, alerts
+
+    def _apply_keymap(self) -> None:
+        """The operator's keys.yaml (screens/keymap.py); what is wrong in it is said at start,
+        and the remaps that are fine apply."""
+        from screens.keymap import load_keymap
+
+        result = load_keymap()
+        if result.keymap:
+            self.set_keymap(result.keymap)
+        for problem in result.problems:
+            self.notify(problem, title="keys.yaml", severity="warning", timeout=20)
+
+    def _start_alerts(self) -> None:
+        from console.cli import state_dir
+        from screens.alerting import AlertsHub
+
+        if self.alerts is not None:
+            self.alerts.close()
+        self.alerts = AlertsHub(self.cluster, state_dir(), self._alert_from_sink)
+        if self.alerts.problem:
+            self.notify(self.alerts.problem, severity="error", timeout=20)
+        if self._alert_timer is None:
+            self._alert_timer = self.set_interval(ALERT_TICK_S, self._alert_tick, name="alerts")
+
+    def _alert_tick(self) -> None:
+        if self.alerts is not None:
+            self.alerts.tick(self.pool.statuses())
+
+    def _alert_from_sink(self, alert) -> None:
+        """The console's sink (its own thread): the bell and the toast on the UI thread."""
+        try:
+            self.call_from_thread(self.show_alert, alert)
+        except RuntimeError:   # the app has stopped
+            pass
+
+    def show_alert(self, alert) -> None:
+        resolved = alert.state == "resolved"
+        if not resolved:
+            self.bell()
+        severity = ("information" if resolved or alert.condition.severity == "info"
+                    else "error" if alert.condition.severity == "error" else "warning")
+        self.notify(alert.summary, title="resolved" if resolved else "alert",
+                    severity=severity, timeout=30)
+
+    def action_command_line(self) -> None:
+        """``:``: a k9s-style command (screens/cmdline.py)."""
+        from screens.cmdline import CommandLine
+
+        record = getattr(self._mode_screen("training"), "record", None)
+        choices = {"logs": self.cluster.names(), "stop": [record.id] if record else []}
+        self.push_screen(CommandLine(choices), self._run_command)
+
+    def _mode_screen(self, mode: str):
+        try:
+            stack = self.get_screen_stack(mode)
+        except KeyError:
+            return None
+        return stack[0] if stack else None
+
+    def _run_command(self, command) -> None:
+        """Carry out a ``:`` command with the same actions as the keys."""
+        if command is None:
+            return
+        verb, args = command.verb, command.args
+        modes = {"nodes": "nodes", "setup": "setup", "config": "config",
+                 "training": "training", "runs": "training", "gpus": "gpus"}
+        if verb in modes:
+            self.switch_mode(modes[verb])
+            if verb == "runs":
+                self.call_later(self._training_action, "pick_run", ())
+        elif verb == "help":
+            self.action_help()
+        elif verb == "quit":
+            self.call_later(self.action_quit)
+        else:
+            self.switch_mode("training")
+            self.call_later(self._training_action, verb, args)
+
+    def _training_action(self, verb: str, args: tuple[str, ...]) -> None:
+        screen = self._mode_screen("training")
+        action = {"logs": "logs", "stop": "stop", "stacks": "stacks",
+                  "plan": "pane('plan')", "pick_run": "pick_run"}[verb]
+        if screen is None:
+            return
+        if verb == "logs" and args:
+            screen.log_node = args[0]
+        if verb == "stop" and args and (screen.record is None or not
+                                        screen.record.id.startswith(args[0])):
+            self.notify(f":stop {args[0]}: not the run this console follows "
+                        f"({screen.record.id if screen.record else 'none'}); pick it first "
+                        "(:runs), or use svconsole stop", severity="warning")
+            return
+        if hasattr(screen, f"action_{action.split('(')[0]}"):
+            self.run_action(action, screen)
+        else:
+            self.notify(f":{verb}: not available on this screen yet", severity="warning")
+
     def action_help(self) -> None:
         screen = self.screen
         keys: list[tuple[str, str]] = []
@@ -316,6 +428,27 @@ class SVConsoleApp(App[int]):
                 keys.append((binding.key_display or binding.key, binding.description))
         title = type(screen).__name__.removesuffix("Screen")
         self.push_screen(HelpScreen(title, getattr(screen, "HELP", ""), keys))
+
+    def deliver_screenshot(self, filename: str | None = None, path: str | None = None,
+                           time_format: str | None = None) -> str | None:
+        """The palette's "Screenshot": an SVG of the screen in the state dir's screenshots/
+        (Textual's default, ~/Downloads, is missing on most servers, and the save failed), named
+        without spaces; Textual's notification says where it went."""
+        from console.cli import state_dir
+
+        if path is None:
+            directory = state_dir() / "screenshots"
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                directory = Path.cwd()
+            path = str(directory)
+        if not filename:
+            name = re.sub(r"[^A-Za-z0-9._-]+", "_", self.cluster.name) or "cluster"
+            now = time.time()
+            filename = (f"svconsole-{name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
+                        f".{int(now * 1000) % 1000:03d}.svg")
+        return super().deliver_screenshot(filename, path, time_format)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """The palette offers the current screen's actions first, then the app's."""

@@ -19,4 +19,5 @@ GLOBAL_BINDINGS: list[Binding] = [
       for mode, key, title in SCREENS),
     Binding("question_mark", "help", "Help", key_display="?", id="app.help"),
     Binding("q", "quit", "Quit", id="app.quit"),
+    Binding("colon", "command_line", "Command", key_display=":", id="app.command"),
 ]

@@ -57,3 +57,29 @@ async def test_the_dialog_returns_the_command_or_says_what_is_wrong():
         await pilot.press("enter")
         await pilot.pause()
         assert app.got == [Command("logs", ("node0",))]
+
+
+async def test_colon_opens_the_command_line_and_runs_it_in_the_app():
+    from test_app import offline_cluster
+
+    from console.ssh.pool import Pool
+    from screens.app import SVConsoleApp
+
+    cluster = offline_cluster()
+    pool = Pool(cluster)
+    app = SVConsoleApp(cluster, pool, health_interval=None)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press("colon")
+            await pilot.pause()
+            assert isinstance(app.screen, CommandLine)
+            for key in "gpus":
+                await pilot.press(key)
+            await pilot.press("enter")
+            await pilot.pause()
+            assert app.current_mode == "gpus"
+            await pilot.press("colon", "n", "o", "d", "e", "s", "enter")
+            await pilot.pause()
+            assert app.current_mode == "nodes"
+    finally:
+        pool.close()

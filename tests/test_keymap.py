@@ -69,3 +69,20 @@ async def test_a_remapped_key_answers_in_the_app(tmp_path):
             assert app.current_mode == "gpus"
     finally:
         pool.close()
+
+
+async def test_keys_yaml_is_applied_at_start_and_its_problems_said(tmp_path, monkeypatch):
+    monkeypatch.setenv("SVCONSOLE_KEYS", str(write(tmp_path, "screen.gpus: f5\nnope.x: a\n")))
+    cluster = offline_cluster()
+    pool = Pool(cluster)
+    app = SVConsoleApp(cluster, pool, health_interval=None)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            assert any("nope.x: no binding has this id" in n.message
+                       for n in app._notifications)
+            await pilot.press("f5")
+            await pilot.pause()
+            assert app.current_mode == "gpus"
+    finally:
+        pool.close()
