@@ -425,6 +425,8 @@ class TrainingScreen(ConsoleScreen):
         self.ended = False
         self.finding = False
         self.note = ""
+        self.statuses: list[RunStatus] = []
+        """This cluster's runs as the last look found them (the run picker lists them)."""
         self.last_prep: Preparation | None = None
         self._unsubscribe: Callable[[], None] = lambda: None
         self.redraws = RedrawThrottle(self, self.render_now, RENDER_EVERY)
@@ -481,11 +483,15 @@ class TrainingScreen(ConsoleScreen):
         return self.follower is not None and not self.ended
 
     def _rescan(self) -> None:
-        """Look again for runs (one started from the CLI shows up by itself), unless a live run
-        is followed, a search is under way, or the screen is hidden."""
-        if (self.find_on_mount and self.redraws.shown and not self.finding
-                and not self.following_live_run):
+        """Look again for runs every RESCAN_EVERY seconds (one launched from the CLI, or a
+        resumed one, shows up by itself), unless a search is under way or the screen is hidden
+        (then only the timer is armed again)."""
+        if not self.find_on_mount:
+            return
+        if self.redraws.shown and not self.finding:
             self.action_find_runs()
+        else:
+            self.set_timer(RESCAN_EVERY, self._rescan)
 
     def on_screen_suspend(self) -> None:
         self.redraws.hide()
@@ -522,6 +528,7 @@ class TrainingScreen(ConsoleScreen):
         follower = RunFollower(self.console.pool, record, store=store,
                                interval=self.follow_interval)
         self.follower = follower
+        self._render_head()  # now "followed"
         unfollow = follow_run(self, follower)
         nodes = {n.node for n in record.nodes}
 
@@ -608,13 +615,14 @@ class TrainingScreen(ConsoleScreen):
             if self.store is None:
                 self.query_one("#train-progress", Static).update("")
             return
-        out.append(f"run {self.record.id} ", style="bold")
+        out.append(f"{self.console.cluster.name}: run {self.record.id} ", style="bold")
         style = {"running": "bold green", "finished": "bold", "failed": "bold red",
                  "stopped": "bold yellow", "lost": "bold red",
                  "unknown": "bold yellow"}.get(self.run_state, "")
         out.append(self.run_state or "?", style=style)
         if self.record.resumed_from:
             out.append(f" (resumes {self.record.resumed_from})", style="dim")
+        out.append(" · followed" if self.following_live_run else " · shown", style="dim")
         states = self.follow_states
         if states:
             out.append(" · " + ", ".join(f"{n} {s}" for n, s in states.items()), style="dim")
@@ -676,7 +684,18 @@ class TrainingScreen(ConsoleScreen):
         self.finding = False
         self.set_timer(RESCAN_EVERY, self._rescan)  # one-shot, re-armed after each search
         statuses = message.statuses
+        self.statuses = statuses
         live = [s for s in statuses if s.live]
+        if self.following_live_run and self.record is not None:  # the operator's run stays
+            others = [s.record.id for s in live if s.record.id != self.record.id]
+            self.note = (f"another run is live: {others[0]}"
+                         + (f" (+{len(others) - 1} more)" if len(others) > 1 else "")
+                         ) if others else ""
+            mine = next((s for s in statuses if s.record.id == self.record.id), None)
+            if mine is not None:
+                self.run_state = mine.state
+            self._render_head()
+            return
         if live and len(live) > 1:
             self.note = f"{len(live)} live runs; following the newest"
         chosen = live[0] if live else (statuses[0] if statuses else None)
@@ -696,6 +715,7 @@ class TrainingScreen(ConsoleScreen):
         super().on_worker_state_changed(event)  # the app's one handler says why
         if event.state is WorkerState.ERROR and event.worker.group == "training-find":
             self.finding = False
+            self.set_timer(RESCAN_EVERY, self._rescan)  # a failed look: try again later
             self._render_head()
 
     # -- status

@@ -493,6 +493,54 @@ async def test_a_run_indexed_after_mount_is_found_without_a_key(loopback, tmp_pa
         pool.close()
 
 
+def live_run_on_node1(cluster_yaml: Path, tmp_path: Path, run_id: str):
+    """A run of node1 alone still going (a stand-in supervisor, no exit file yet); returns the
+    record, its exit file and the supervisor."""
+    from test_runs import stand_in_supervisor
+
+    record, _ = ended_run_on_node1(cluster_yaml, tmp_path / run_id, run_id)
+    done = Path(record.nodes[0].exit_file)
+    done.unlink()
+    return record, done, stand_in_supervisor(record, "node1", seconds=300)
+
+
+async def test_another_live_run_is_named_and_followed_once_the_followed_one_ends(
+        loopback, tmp_path, monkeypatch):
+    """While the operator follows a live run, a run launched elsewhere (a resumed one, say) is
+    named in the header at the next look but not switched to; once the followed run has ended,
+    the next look follows the other one by itself."""
+    monkeypatch.setattr(training_screen, "RESCAN_EVERY", 0.5)
+    first, first_done, sup1 = live_run_on_node1(loopback.cluster_yaml, tmp_path,
+                                                "20261130-001548-aaaa")
+    second, second_done, sup2 = live_run_on_node1(loopback.cluster_yaml, tmp_path,
+                                                  "20261130-001549-bbbb")
+    state = tmp_path / "state"
+    index_record(first, state)
+    app, pool = loopback_app(loopback.cluster_yaml, state)
+    try:
+        async with app.run_test(size=(120, 30)) as pilot:
+            screen = await show(pilot)
+            await wait_until(pilot, lambda: screen.record is not None
+                             and screen.following_live_run, 60, "the first run followed")
+            assert screen.record.id == first.id
+            assert "· followed" in plain(screen.query_one("#train-run"))
+            index_record(second, state)  # launched from the CLI meanwhile
+            await wait_until(pilot, lambda: screen.note.startswith("another run is live"),
+                             60, "the other live run named")
+            assert screen.note == f"another run is live: {second.id}"
+            assert screen.record.id == first.id  # the operator's run stays
+            first_done.write_text(json.dumps({"code": 0}))
+            sup1.kill()
+            await wait_until(pilot, lambda: screen.record.id == second.id, 60,
+                             "the other run followed by itself")
+            second_done.write_text(json.dumps({"code": 0}))
+    finally:
+        for sup in (sup1, sup2):
+            sup.kill()
+            sup.wait()
+        pool.close()
+
+
 async def test_launch_refuses_a_config_with_errors_until_overridden(loopback, tmp_path):
     """Pre-flight on the nodes: missing data and a DeepSpeed config with an error are refused;
     the override is explicit, and the launch still asks first (answered no: nothing starts)."""
