@@ -30,9 +30,10 @@ from typing import Literal
 from console.cluster.redact import redact_text
 from console.ssh.pool import Pool, Stream
 from console.subscribers import Subscribers
-from console.training.logparse import Event, LogParser
+from console.training import faults
+from console.training.logparse import Event, LogParser, TrainStep
 from console.training.metrics import MetricsStore
-from console.training.runs import PREFIX, NodeRun, RunRecord, node_args, node_stream
+from console.training.runs import PREFIX, NodeRun, RunRecord, RunStatus, node_args, node_stream
 from console.training.stacks import StallWatch
 
 log = logging.getLogger(__name__)
@@ -222,6 +223,7 @@ class RunFollower:
                  diagnose_stalls: bool = True) -> None:
         self.record = record
         self.store = store if store is not None else MetricsStore()
+        give_contexts(self.store, record)
         self.store.watch_run(record.created)
         self.stall_watch = None if once or not diagnose_stalls else StallWatch(pool, record,
                                                                                self.store)
@@ -342,9 +344,20 @@ class RunFollower:
         self.stop()
 
 
+def give_contexts(store: MetricsStore, record: RunRecord) -> None:
+    """Tell the store's fault scanner what the run's plan says: each node's rank offset (a
+    ``local_rank`` becomes the global rank) and the master's address and port (a connect
+    failure names the master port or a peer, never the wrong one)."""
+    if record.plan and not store.scan_contexts:
+        store.scan_contexts.update(faults.scan_contexts(
+            record.plan, resuming=record.resumed_from is not None))
+
+
 def read_run(pool: Pool, record: RunRecord, *, nodes: list[str] | None = None,
              store: MetricsStore | None = None) -> Iterator[tuple[str, Event]]:
     """Every line of the run's logs (one node after another) up to their current end."""
+    if store is not None:
+        give_contexts(store, record)
     for node in record.nodes:
         if nodes is not None and node.node not in nodes:
             continue
@@ -360,6 +373,22 @@ def read_run(pool: Pool, record: RunRecord, *, nodes: list[str] | None = None,
             yield node.node, event
 
 
+def last_step(pool: Pool, status: RunStatus, *, tail: int = 256 * 1024) -> int | None:
+    """The last ``total step`` in the run's first node's log (its last ``tail`` bytes, this
+    run's part only): what the run picker shows. None when it cannot be read or has none."""
+    node = status.record.nodes[0]
+    size = status.nodes[node.node].log_size if node.node in status.nodes else None
+    if size is None:
+        return None
+    events: list[Event] = []
+    follower = LogFollower(pool, status.record, node, once=True, retry_max=1.0, give_up=2,
+                           position=Position(max(node.log_offset, size - tail), 0),
+                           on_events=lambda _n, evs: events.extend(evs))
+    follower.run()
+    steps = [e.total_step for e in events if isinstance(e, TrainStep) and e.total_step is not None]
+    return max(steps) if steps else None
+
+
 def run_metrics(pool: Pool, record: RunRecord, store: MetricsStore | None = None
                 ) -> MetricsStore:
     """The run's metrics store, filled from its logs as they are now (``svconsole metrics
@@ -370,5 +399,6 @@ def run_metrics(pool: Pool, record: RunRecord, store: MetricsStore | None = None
     return store
 
 
-__all__ = ["FollowError", "FollowState", "LogFollower", "Position", "RunFollower", "RunUpdate", "read_run",
+__all__ = ["FollowError", "FollowState", "LogFollower", "Position", "RunFollower", "RunUpdate",
+           "last_step", "read_run",
            "run_metrics"]
