@@ -250,6 +250,14 @@ class RunsFound(Message):
         self.statuses = list(statuses)
 
 
+class RunStepsRead(Message):
+    """The run picker's last steps: run id -> the last total step in its log (None: unknown)."""
+
+    def __init__(self, steps: dict[str, int | None]) -> None:
+        super().__init__()
+        self.steps = steps
+
+
 class RunStatusChecked(_Latest):
     """One run's state on every node, asked again (after its logs ended, or after a stop)."""
 

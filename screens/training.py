@@ -37,13 +37,14 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Input, Label, Select, Static
+from textual.widgets import Input, Label, OptionList, Select, Static
+from textual.widgets.option_list import Option
 from textual.worker import Worker, WorkerState
 
 from console.cli import state_dir
 from console.cluster.redact import redact_env, restore_env
 from console.gpu.telemetry import TelemetryUpdate, feed_utilisation
-from console.training.follow import RunFollower
+from console.training.follow import RunFollower, last_step
 from console.training.launch import (
     ENTRIES,
     LaunchError,
@@ -68,6 +69,7 @@ from screens.messages import (
     RunProgress,
     RunsFound,
     RunStatusChecked,
+    RunStepsRead,
     RunStopped,
 )
 from screens.node_form import ConfirmDialog
@@ -169,6 +171,72 @@ def plan_text(plan: LaunchPlan | None, checks: list | tuple = ()) -> Text:
             out.append(f"{c.name}: {where}{c.message}\n")
     out.rstrip()
     return out
+
+
+class RunPicker(ConsoleModal):
+    """Every run of this cluster as the last look found them (live, finished, failed, lost),
+    newest first, with its start time, nodes and last step (read from its log in a thread);
+    enter follows the one chosen, escape keeps the current one."""
+
+    DEFAULT_CSS = """
+    RunPicker { align: center middle; }
+    RunPicker > Vertical {
+        width: 110; max-width: 100%; height: auto; max-height: 90%; border: round $accent;
+        background: $surface; padding: 0 1;
+    }
+    RunPicker OptionList { height: auto; max-height: 20; }
+    """
+    BINDINGS = [Binding("escape", "dismiss_none", "Cancel", id="picker.cancel")]
+
+    def __init__(self, pool, statuses: list[RunStatus], current: str | None,
+                 steps: dict[str, int | None]) -> None:
+        super().__init__()
+        self.pool, self.statuses, self.current = pool, statuses, current
+        self.steps = dict(steps)
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label("Runs of this cluster (enter follows, escape keeps the current one)")
+            yield OptionList(*self._options(), id="run-options")
+
+    def on_mount(self) -> None:
+        self.read_steps()
+
+    def _options(self) -> list[Option]:
+        out = []
+        for st in self.statuses:
+            r = st.record
+            started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created))
+            step = self.steps.get(r.id, "…")
+            mark = "▶ " if r.id == self.current else "  "
+            nodes = ",".join(n.node for n in r.nodes)
+            out.append(Option(f"{mark}{r.id}  {st.state:<8} {started}  {nodes}  "
+                              f"last step {'?' if step is None else step}", id=r.id))
+        return out
+
+    @work(thread=True, exclusive=True, name="read the runs' last steps", exit_on_error=False)
+    def read_steps(self) -> None:
+        steps = {st.record.id: self.steps.get(st.record.id) for st in self.statuses}
+        for st in self.statuses:
+            if st.record.id not in self.steps:
+                steps[st.record.id] = last_step(self.pool, st)
+        self.post_message(RunStepsRead(steps))
+
+    @on(RunStepsRead)
+    def take_steps(self, message: RunStepsRead) -> None:
+        self.steps = message.steps
+        options = self.query_one("#run-options", OptionList)
+        highlighted = options.highlighted
+        options.clear_options()
+        options.add_options(self._options())
+        options.highlighted = highlighted
+
+    @on(OptionList.OptionSelected)
+    def picked(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    def action_dismiss_none(self) -> None:
+        self.dismiss(None)
 
 
 class LaunchDialog(ConsoleModal):
@@ -403,6 +471,7 @@ class TrainingScreen(ConsoleScreen):
         Binding("p", "toggle_per_rank", "Per-rank", id="training.per_rank"),
         Binding("x", "export", "Export", id="training.export"),
         Binding("t", "stacks", "Stacks", id="training.stacks"),
+        Binding("g", "pick_run", "Runs", id="training.runs"),
         Binding("u", "find_runs", "Find runs", show=False, id="training.find"),
     ]
 
@@ -690,7 +759,7 @@ class TrainingScreen(ConsoleScreen):
             others = [s.record.id for s in live if s.record.id != self.record.id]
             self.note = (f"another run is live: {others[0]}"
                          + (f" (+{len(others) - 1} more)" if len(others) > 1 else "")
-                         ) if others else ""
+                         + " · g picks") if others else ""
             mine = next((s for s in statuses if s.record.id == self.record.id), None)
             if mine is not None:
                 self.run_state = mine.state
@@ -824,6 +893,29 @@ class TrainingScreen(ConsoleScreen):
             self.check_status(self.record)
 
     # -- charts, export
+
+    def action_pick_run(self) -> None:
+        """Choose which of this cluster's runs to follow (:class:`RunPicker`)."""
+        if not self.statuses:
+            self.notify("no runs found yet (u looks again)", severity="warning")
+            return
+        current = self.record.id if self.record is not None else None
+        steps = {}
+        if self.store is not None and current is not None:
+            progress = self.store.progress()  # the followed run's own, when it has one
+            if progress.total_step:
+                steps[current] = progress.total_step
+
+        def chosen(run_id: str | None) -> None:
+            status = next((s for s in self.statuses if s.record.id == run_id), None)
+            if status is None or run_id == current:
+                return
+            self.note = ""
+            self.follow(status.record, status.state)
+            self.notify(f"following run {run_id} ({status.state})")
+
+        self.app.push_screen(RunPicker(self.console.pool, self.statuses, current, steps),
+                             chosen)
 
     def action_stacks(self) -> None:
         """Every rank's stack of the followed run, grouped, with the suspects (screens/stacks)."""

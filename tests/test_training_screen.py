@@ -527,7 +527,7 @@ async def test_another_live_run_is_named_and_followed_once_the_followed_one_ends
             index_record(second, state)  # launched from the CLI meanwhile
             await wait_until(pilot, lambda: screen.note.startswith("another run is live"),
                              60, "the other live run named")
-            assert screen.note == f"another run is live: {second.id}"
+            assert screen.note == f"another run is live: {second.id} · g picks"
             assert screen.record.id == first.id  # the operator's run stays
             first_done.write_text(json.dumps({"code": 0}))
             sup1.kill()
@@ -538,6 +538,46 @@ async def test_another_live_run_is_named_and_followed_once_the_followed_one_ends
         for sup in (sup1, sup2):
             sup.kill()
             sup.wait()
+        pool.close()
+
+
+async def test_the_run_picker_lists_this_clusters_runs_and_follows_the_one_chosen(loopback,
+                                                                                   tmp_path):
+    """g lists every run of this cluster with its state, start, nodes and last step (read from
+    its log); choosing one follows it, and the header says so."""
+    from textual.widgets import OptionList
+
+    older, log = ended_run_on_node1(loopback.cluster_yaml, tmp_path / "a", "20261130-001550-0001")
+    newer, _ = ended_run_on_node1(loopback.cluster_yaml, tmp_path / "b", "20261130-001551-0002")
+    state = tmp_path / "state"
+    index_record(older, state)
+    index_record(newer, state)
+    last = [e for e in parse_file(str(log)) if isinstance(e, TrainStep)][-1].total_step
+    app, pool = loopback_app(loopback.cluster_yaml, state)
+    try:
+        async with app.run_test(size=(120, 30)) as pilot:
+            screen = await show(pilot)
+            await wait_until(pilot, lambda: screen.record is not None and not screen.finding,
+                             60, "the runs found")
+            assert screen.record.id == newer.id  # the newest, none being live
+            await pilot.press("g")
+            picker = app.screen
+            options = picker.query_one("#run-options", OptionList)
+
+            def texts() -> list[str]:
+                return [str(options.get_option_at_index(i).prompt)
+                        for i in range(options.option_count)]
+
+            await wait_until(pilot, lambda: all("last step …" not in t for t in texts()), 60,
+                             "the last steps read")
+            assert [t.split()[:3] for t in texts()] == [["▶", newer.id, "finished"],
+                                                         [older.id, "finished", time.strftime(
+                                                             "%Y-%m-%d", time.localtime(older.created))]]
+            assert all(f"node1  last step {last}" in t for t in texts()), texts()
+            await pilot.press("down", "enter")
+            await wait_until(pilot, lambda: screen.record.id == older.id, 10, "the run chosen")
+            assert f"run {older.id} " in plain(screen.query_one("#train-run"))
+    finally:
         pool.close()
 
 
