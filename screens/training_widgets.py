@@ -128,6 +128,35 @@ class _Chart(PlotextPlot):
     def draw(self, plt) -> None:  # noqa: ANN001 (plotext's module-like object)
         raise NotImplementedError
 
+    def plot_lines(self, plt, lines: Sequence[tuple[str, Points, str]],  # noqa: ANN001
+                   ylim: tuple[float, float] | None = None) -> bool:
+        """Plot ``lines`` ((label, points, marker) each) with a legend that never covers them:
+        plotext draws it over the plot's top-left rows, so the y range gets that many rows of
+        room on top. One line needs no legend (the title names it); a plot too short to spare
+        the rows has none either. True when the legend is drawn."""
+        lines = [(label, pts, marker) for label, pts, marker in lines if pts]
+        values = [p[1] for _, pts, _ in lines for p in pts]
+        rows = self.size.height - CHART_CHROME_ROWS
+        room = len(lines) + 1  # the legend's rows and one between it and the data
+        legend = len(lines) > 1 and rows >= 2 * room
+        for label, pts, marker in lines:
+            plt.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker,
+                     **({"label": label} if legend else {}))
+        if not values:
+            return legend
+        low, high = ylim if ylim is not None else (min(values), max(values))
+        if legend:
+            span = (high - low) or abs(high) * 0.1 or 1.0
+            high += span * room / (rows - room)
+        if ylim is not None or legend:
+            plt.ylim(low, high)
+        return legend
+
+
+#: Rows plotext draws around the plot itself: the title, the frame's top and bottom, the x
+#: ticks and the x label.
+CHART_CHROME_ROWS = 5
+
 
 class LossChart(_Chart):
     """Train loss over total step: the mean over ranks (or each rank, toggled), and the
@@ -135,23 +164,18 @@ class LossChart(_Chart):
 
     def draw(self, plt) -> None:  # noqa: ANN001
         d = self.data
-        shown: list[float] = []
-        lines = list(d.per_rank) if self.per_rank else [("mean", d.mean)]
-        for label, points in lines:
-            pts = _finite(points)
-            if pts:
-                plt.plot([p[0] for p in pts], [p[1] for p in pts], label=label, marker="braille")
-                shown += [p[1] for p in pts]
-        val = _finite(d.val)
-        if val:
-            plt.plot([p[0] for p in val], [p[1] for p in val], label="val", marker="dot")
-            shown += [p[1] for p in val]
+        trains = list(d.per_rank) if self.per_rank else [("mean", d.mean)]
+        lines = [(label, _finite(points), "braille") for label, points in trains]
+        lines.append(("val", _finite(d.val), "dot"))
+        shown = [p[1] for _, pts, _ in lines for p in pts]
         ylim = robust_ylim(shown)
-        if ylim is not None:
-            plt.ylim(*ylim)
+        legend = self.plot_lines(plt, lines, ylim)
         what = "per rank" if self.per_rank else "mean over ranks"
         clipped = " (spikes cut)" if ylim is not None else ""
-        plt.title(f"train loss, {what}{clipped}" if shown else "train loss: no step line yet")
+        val = ", • validation" if d.val and not legend else ""  # no room for the legend
+        plt.title(f"train loss, {what}{clipped}{val}" if shown
+                  else "train loss per rank: no step line yet" if self.per_rank
+                  else "train loss: no step line yet")
         plt.xlabel("total step")
 
 
@@ -163,9 +187,7 @@ class LrChart(_Chart):
         distinct = {pts for _, pts in lines}
         if len(distinct) == 1:
             lines = lines[:1]
-        for label, pts in lines:
-            if pts:
-                plt.plot([p[0] for p in pts], [p[1] for p in pts], label=label, marker="braille")
+        self.plot_lines(plt, [(label, pts, "braille") for label, pts in lines])
         plt.title("learning rate" if any(p for _, p in lines) else "learning rate: none yet")
         plt.xlabel("total step")
 
