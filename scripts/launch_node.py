@@ -546,12 +546,14 @@ def _emit(kind: str, text: str) -> None:
 
 def _ended(args: dict) -> str | None:
     """Why following may stop: asked to stop at the end of the file (``once``), the exit file
-    is there, or the supervisor is gone."""
+    is there, or the supervisor is gone and no process of the run is left on this node (a
+    supervisor killed alone leaves torchrun and its ranks writing the log)."""
     if args.get("once"):
         return "eof"
     if args.get("exit_file") and os.path.exists(args["exit_file"]):
         return "exited"
-    if args.get("pid") and not alive(args["pid"], args.get("start_ticks")):
+    if args.get("pid") and not alive(args["pid"], args.get("start_ticks")) \
+            and not run_processes(args["run_id"], args["node"]):
         return "gone"
     return None
 

@@ -266,3 +266,41 @@ def test_a_rewritten_log_is_noticed_even_when_it_grew_past_the_offset(lb2):
         follower.stop()
     assert notices == ["node0: log rewritten; read again from the start"]
     assert [e.text for e in got] == ["old one", "old two", *file_lines(new)]
+
+
+def test_a_supervisor_killed_alone_does_not_end_the_follow_while_the_run_writes(lb2):
+    """loopback-cluster kill (or an OOM killer) takes the supervisor but leaves torchrun, which
+    goes on writing: the node is not "ended" until no process of the run is left there."""
+    import os
+    import subprocess
+
+    from test_runs import stand_in_supervisor
+
+    lb, pool = lb2
+    record = record_for(lb.shared_dir / "out", ["node0"])
+    log, _ = paths(record, "node0")
+    log.write_bytes(b"first\n")
+    supervisor = stand_in_supervisor(record, "node0", seconds=300)
+    rank = subprocess.Popen(["sleep", "300"], env={**os.environ, "SVCONSOLE_RUN_ID": RUN_ID,
+                                                    "SVCONSOLE_NODE": "node0"})
+    got: list = []
+    follower = follow_in_thread(pool, record, "node0", got, [])
+    try:
+        wait_for(lambda: len(got) == 1, 150, "the first line")
+        supervisor.kill()
+        supervisor.wait()
+        time.sleep(3)  # several polls with the supervisor gone
+        assert follower.state == "following" and follower.ended_because is None
+        with open(log, "ab") as f:
+            f.write(b"written after the supervisor died\n")
+        wait_for(lambda: len(got) == 2, 30, "the line written after")
+        rank.kill()
+        rank.wait()
+        follower.join(60)
+    finally:
+        follower.stop()
+        for proc in (supervisor, rank):
+            proc.kill()
+            proc.wait()
+    assert follower.ended_because == "gone"
+    assert [e.text for e in got] == ["first", "written after the supervisor died"]

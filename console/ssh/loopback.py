@@ -514,6 +514,10 @@ class LoopbackCluster:
         _write(self.known_hosts, "\n".join(lines) + "\n")
 
     def _write_cluster_yaml(self) -> None:
+        kept = ""  # the cluster's identity (console.cluster.identity) survives a rewrite
+        with contextlib.suppress(OSError):
+            found = re.search(r"^  id: (\S+)$", self.cluster_yaml.read_text(), re.MULTILINE)
+            kept = f"  id: {found.group(1)}\n" if found else ""
         nodes = []
         for i in range(self.n):
             node = self.node(i)
@@ -529,6 +533,7 @@ class LoopbackCluster:
             "  master: node0\n"
             f"  master_port: {self.master_port}\n"
             f"  python: {json.dumps(sys.executable)}\n"
+            f"{kept}"
             "ssh:\n"
             f"  user: {self.user}\n"
             f"  port: {self.port}\n"
