@@ -174,9 +174,9 @@ def test_frozen_rank_and_slow_rank_are_named(fresh_loopback, tmp_path: Path,
         duty_at = time.monotonic()
 
         def straggler() -> bool:
-            return any(f.id == "straggler" for f in store.findings())
+            return any(f.id == "straggler" and f.rank == 2 for f in store.findings())
 
-        wait_until(straggler, 240, "a straggler finding")
+        wait_until(straggler, 240, "a straggler finding naming rank 2")
         found_s = time.monotonic() - duty_at
         found = [f for f in store.findings() if f.id == "straggler"]
         assert [(f.rank, f.node) for f in found] == [(2, names[2])], [f.detail for f in found]

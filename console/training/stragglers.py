@@ -12,7 +12,7 @@ wait there, and their ``backward_time`` / ``optim_time`` grow by that wait. So:
 - **busy** time: ``total_time`` minus those waits (its data_load and forward, plus the fastest
   rank's backward, optim and rest): what the rank itself spent;
 - **straggler** (the rule Megatron-LM uses): over the last ``window`` steps that every rank
-  reported (default 20, at least 5), a rank whose mean busy time is more than 1 sigma and more
+  reported (default 20, at least 5; judged once there are that many), a rank whose mean busy time is more than 1 sigma and more
   than 10% above the mean of the others, and which was the slowest at most of those steps. Its
   slow phase is the one (data_load, forward, backward, optim) furthest above the others' mean.
 - **gradient-sync estimate** (when DeepSpeed's ``wall_clock_breakdown`` timers are off): the
@@ -175,8 +175,8 @@ class StepTimings:
                    min_excess_s: float = 0.005) -> list[Straggler]:
         """The ranks that are stragglers by the rule in the module's documentation."""
         steps = self.common_steps()
-        if len(steps) < MIN_WINDOW or len(self._steps) < 2:
-            return []
+        if len(steps) < self.window or len(self._steps) < 2:
+            return []  # judged over a full window only: a few noisy steps name nobody
         busy = self._busy(steps)
         means = {r: statistics.fmean(v) for r, v in busy.items()}
         slowest = [max(busy, key=lambda r, i=i: busy[r][i]) for i in range(len(steps))]
