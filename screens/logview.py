@@ -146,12 +146,13 @@ class LogViewScreen(ConsoleModal):
         Binding("G", "bottom", "Bottom", show=False, id="logs.bottom"),
     ]
 
-    def __init__(self, view: LogView, title: str = "", save_dir: Path | None = None) -> None:
+    def __init__(self, view: LogView, title: str = "", save_dir: Path | None = None,
+                 node: str | None = None) -> None:
         super().__init__()
         self.view = view
         self.title_text = title
         self.save_dir = save_dir or Path.cwd()
-        self.filter = Filter()
+        self.filter = Filter(node=node)
         self.paused = False
         self.pattern: str | None = None
         self._seen = -1

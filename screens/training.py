@@ -56,6 +56,7 @@ from console.training.launch import (
     resume_options,
     resume_profile,
 )
+from console.training.logview import LogView
 from console.training.metrics import MetricsStore
 from console.training.profile import ProfileError, default_profile, load_profile, profile_path_for
 from console.training.runs import RunRecord, RunStatus, find_runs, run_status, stop_run
@@ -390,10 +391,23 @@ class LaunchDialog(ConsoleModal):
         if self.prep is not None and self.prep.failures and self.prep.plan is not None:
             self.override = not self.override
             self._show_verdict()
+        elif self.prep is None:
+            self._say_plan_first("o overrides failed pre-flight checks")
+        else:
+            self._say(Text("nothing to override: no check failed", style="yellow"))
+
+    def _say_plan_first(self, what: str) -> None:
+        """A key that needs the plan, pressed before there is one, says so (and what it is)."""
+        busy = "the plan is being built…" if self.busy else "enter (in a field) builds it first"
+        self._say(Text(f"{what} once the plan and the checks are shown: {busy} · escape: cancel",
+                       style="yellow"))
 
     def action_launch(self) -> None:
         prep = self.prep
-        if prep is None or prep.plan is None or (prep.failures and not self.override):
+        if prep is None:
+            self._say_plan_first("l launches")
+            return
+        if prep.plan is None or (prep.failures and not self.override):
             self._show_verdict()
             return
         plan = prep.plan
@@ -410,6 +424,8 @@ class LaunchDialog(ConsoleModal):
 
     def action_back(self) -> None:
         self.query_one("#launch-profile", Input).focus()
+        self._say("back to the fields: change them, enter builds the plan and runs the checks "
+                  "again · escape: cancel")
 
     def action_cancel(self) -> None:
         self.dismiss(None)
@@ -472,6 +488,7 @@ class TrainingScreen(ConsoleScreen):
         Binding("x", "export", "Export", id="training.export"),
         Binding("t", "stacks", "Stacks", id="training.stacks"),
         Binding("g", "pick_run", "Runs", id="training.runs"),
+        Binding("L", "logs", "Logs", id="training.logs"),
         Binding("u", "find_runs", "Find runs", show=False, id="training.find"),
     ]
 
@@ -488,6 +505,9 @@ class TrainingScreen(ConsoleScreen):
         self.per_rank = False
         self.record: RunRecord | None = None
         self.run_state = ""
+        self.logview = LogView()
+        #: ``:logs NODE`` sets it: the log view opens on that node's lines.
+        self.log_node: str | None = None
         self.store: MetricsStore | None = None
         self.follower: RunFollower | None = None
         self.follow_states: dict[str, str] = {}
@@ -585,6 +605,7 @@ class TrainingScreen(ConsoleScreen):
         """Show ``record``'s metrics from ``store`` (fed by a follower, or by a test)."""
         self._retire_follower(block=False)
         self.record, self.store, self.run_state = record, store, state
+        self.logview = LogView()   # the log view across ranks of this run (L)
         self.follow_states, self.ended = {}, False
         self._rendered_revision = -1
         self._plan_from_record(record)
@@ -606,7 +627,11 @@ class TrainingScreen(ConsoleScreen):
                 feed_utilisation(store, update)
 
         unfeed = self.console.gpu_telemetry().subscribe(utilisation)
-        self._unsubscribe = lambda: (unfollow(), unfeed())
+        # the log view takes every line on the follower's thread (the screen's updates are
+        # coalesced: a queued one is replaced by the next, with its lines)
+        view = self.logview
+        unlog = follower.subscribe(lambda update: view.add_events(update.events))
+        self._unsubscribe = lambda: (unfollow(), unfeed(), unlog())
         follower.start()
 
     def _retire_follower(self, *, block: bool) -> None:
@@ -631,6 +656,7 @@ class TrainingScreen(ConsoleScreen):
         if self.record is None or update.run_id != self.record.id:
             return  # a run no longer shown
         self.follow_states = dict(update.nodes)
+        self._alerts_seen()
         for _node, text in update.notices:  # a log truncated or rotated: read again from 0
             self.note = text
             self.notify(text, severity="warning", timeout=15)
@@ -782,6 +808,9 @@ class TrainingScreen(ConsoleScreen):
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         super().on_worker_state_changed(event)  # the app's one handler says why
+        if event.state is WorkerState.ERROR and event.worker.group == "training-export":
+            self.note = ""  # the app's handler said why
+            self._render_head()
         if event.state is WorkerState.ERROR and event.worker.group == "training-find":
             self.finding = False
             self.set_timer(RESCAN_EVERY, self._rescan)  # a failed look: try again later
@@ -800,6 +829,13 @@ class TrainingScreen(ConsoleScreen):
         if self.record is not None and status.record.id == self.record.id:
             self.run_state = status.state
             self._render_head()
+            self._alerts_seen()
+
+    def _alerts_seen(self) -> None:
+        """The app's alerts see this run's findings and state (screens/alerting.py)."""
+        alerts = getattr(self.app, "alerts", None)
+        if alerts is not None and self.record is not None and self.store is not None:
+            alerts.run_seen(self.record.id, self.store.findings(), self.run_state or "running")
 
     # -- launch, stop, resume
 
@@ -926,15 +962,31 @@ class TrainingScreen(ConsoleScreen):
             return
         self.app.push_screen(StacksScreen(self.console.pool, self.record))
 
+    def action_logs(self) -> None:
+        """Every node's log of the run, interleaved by time (screens/logview.py); ``:logs NODE``
+        opens it on that node's lines."""
+        from screens.logview import LogViewScreen
+
+        node, self.log_node = self.log_node, None
+        if self.record is None:
+            self.notify("no run followed: its logs open here once one is (g picks one)",
+                        severity="warning")
+            return
+        self.app.push_screen(LogViewScreen(self.logview, self.record.id, state_dir(), node))
+
     def action_toggle_per_rank(self) -> None:
         self.per_rank = not self.per_rank
         chart = self.query_one("#loss-chart", LossChart)
         chart.show(chart.data, per_rank=self.per_rank)
+        if not self.query_one("#pane-charts").display:  # the toggled chart is shown
+            self.action_pane("charts")
 
     def action_export(self) -> None:
         if self.store is None or self.record is None:
             self.notify("no run to export", severity="warning")
             return
+        self.note = "exporting the charts and metrics…"
+        self._render_head()
         self.export_metrics(self.record.id, self.store)
 
     @work(thread=True, exclusive=True, group="training-export", name="export the metrics",
@@ -948,6 +1000,8 @@ class TrainingScreen(ConsoleScreen):
 
     @on(MetricsExported)
     def take_exported(self, message: MetricsExported) -> None:
+        self.note = ""
+        self._render_head()
         self.notify("exported: " + ", ".join(str(p) for p in message.paths), timeout=15)
 
 

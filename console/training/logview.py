@@ -106,6 +106,11 @@ class LogView:
                  offset=getattr(event, "offset", 0), time=getattr(event, "time", None),
                  rank=getattr(event, "rank", None))
 
+    def add_events(self, pairs: Iterable[tuple[str, object]]) -> None:
+        """Add (node, event) pairs, as a follower's update carries them."""
+        for node, event in pairs:
+            self.add_event(node, event)
+
     def nodes(self) -> list[str]:
         with self._lock:
             return sorted(self._rings)
