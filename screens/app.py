@@ -314,7 +314,8 @@ class SVConsoleApp(App[int]):
     def _update_subtitle(self) -> None:
         statuses = self.pool.statuses()
         up = sum(1 for s in statuses.values() if str(getattr(s.state, "value", s.state)).lower() == "up")
-        self.sub_title = f"{up}/{len(self.cluster.nodes)} nodes up"
+        self.sub_title = f"{up}/{len(self.cluster.nodes)} nodes up" + (
+            " · read-only" if self.cluster.read_only else "")
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """The one error handler: a worker that failed says so, with its name."""
@@ -323,6 +324,22 @@ class SVConsoleApp(App[int]):
                         timeout=10)
 
     # ------------------------------------------------------------------ keys, commands, alerts
+
+    async def run_action(self, action, default_namespace=None, namespaces=None) -> bool:
+        """Every key, palette entry and ``:`` command comes here: in read-only mode an action
+        a screen lists in its ``WRITES`` is refused, saying why, instead of run."""
+        if self.cluster.read_only:
+            target, name, _params = self._parse_action(
+                action, self if default_namespace is None else default_namespace, namespaces)
+            what = getattr(target, "WRITES", {}).get(name)
+            if what is not None:
+                from console.cluster.model import ReadOnlyError
+
+                self.bell()
+                self.notify(str(ReadOnlyError(what)), title="read-only", severity="warning",
+                            timeout=8)
+                return True
+        return await super().run_action(action, default_namespace, namespaces)
 
     def _apply_keymap(self) -> None:
         """The operator's keys.yaml (screens/keymap.py); what is wrong in it is said at start,

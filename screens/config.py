@@ -29,7 +29,7 @@ import difflib
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.console import Group
 from rich.syntax import Syntax
@@ -124,6 +124,8 @@ class ConfigScreen(ConsoleScreen):
         "FunASR version (fp32 or bf16, and why); svconsole validate checks the same files and "
         "prints the same summary line.")
 
+    #: Actions that change a node or a file: refused in read-only mode (screens/app.py).
+    WRITES: ClassVar[dict[str, str]] = {"save": "saving ds_config.json and training.yaml"}
     BINDINGS = [
         Binding("ctrl+s", "save", "Save", id="config.save", priority=True),
         Binding("ctrl+r", "probe", "Probe nodes", id="config.probe", priority=True),

@@ -147,6 +147,13 @@ class NodesScreen(ConsoleScreen):
         "import and export a DeepSpeed hostfile."
     )
 
+    #: Actions that change a node or a file: refused in read-only mode (screens/app.py).
+    WRITES: ClassVar[dict[str, str]] = {
+        "edit": "editing a node in cluster.yaml", "add": "adding a node to cluster.yaml",
+        "remove": "removing a node from cluster.yaml",
+        "import_hostfile": "importing a hostfile into cluster.yaml",
+        "export_hostfile": "writing a hostfile",
+    }
     BINDINGS = [
         Binding("r", "refresh", "Refresh", id="nodes.refresh"),
         Binding("slash", "filter", "Filter", key_display="/", id="nodes.filter"),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -89,6 +89,11 @@ class SetupScreen(ConsoleScreen):
         "pending cell of the running run). Logs: <state dir>/runs/<run>/<node>/<step>.log.\n"
         "Glyphs: " + LEGEND.replace("\n", ", ")
     )
+    #: Actions that change a node or a file: refused in read-only mode (screens/app.py).
+    WRITES: ClassVar[dict[str, str]] = {
+        "run_step": "setup: run a step", "run_all": "setup: run every step",
+        "run_marked": "setup: run the marked steps", "retry_failed": "setup: retry failed steps",
+    }
     BINDINGS = [
         Binding("d", "dry_run", "Dry run", id="setup.dry_run"),
         Binding("r", "run_step", "Run step", id="setup.run_step"),

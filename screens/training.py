@@ -258,6 +258,8 @@ class LaunchDialog(ConsoleModal):
     LaunchDialog #launch-status { height: auto; max-height: 4; margin-top: 1; }
     LaunchDialog #launch-review { height: 1fr; border-top: solid $primary-darken-2; }
     """
+    #: Actions that change a node or a file: refused in read-only mode (screens/app.py).
+    WRITES: ClassVar[dict[str, str]] = {"launch": "launching a run"}
     BINDINGS: ClassVar = [
         Binding("o", "override", "Override failed checks", id="launch.override"),
         Binding("l", "launch", "Launch", id="launch.go"),
@@ -478,6 +480,10 @@ class TrainingScreen(ConsoleScreen):
     TrainingScreen.-wide.-plan #pane-charts { display: none; }
     TrainingScreen.-wide #pane-plan.-active { column-span: 3; }
     """
+    #: Actions that change a node or a file: refused in read-only mode (screens/app.py).
+    WRITES: ClassVar[dict[str, str]] = {
+        "launch": "launching a run", "stop": "stopping a run", "resume": "resuming a run",
+    }
     BINDINGS: ClassVar = [
         *(Binding(key, f"pane('{pane}')", title, show=False, id=f"training.{pane}")
           for pane, key, title in PANES),
