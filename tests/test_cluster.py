@@ -290,7 +290,8 @@ def test_example_loads() -> None:
     assert cluster.master_port == 26669
     node0, node1 = cluster.nodes
     assert (node0.role, node0.gpus, node0.port, node0.user) == ("head", (0, 1, 2, 3), 22, "train")
-    assert (node1.role, node1.port, node1.line) == ("worker", 2222, 28)
+    node1_line = EXAMPLE.read_text().splitlines().index("  - name: node1") + 1
+    assert (node1.role, node1.port, node1.line) == ("worker", 2222, node1_line)
     assert cluster.ssh.host_key_policy == "accept-new"
 
 
