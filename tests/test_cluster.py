@@ -9,7 +9,6 @@ import socket
 import stat
 import textwrap
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -83,7 +82,7 @@ BAD_INPUTS = [
     (
         "cluster:\n  zzz: 1\n" + MINIMAL,
         [
-            "cluster.yaml:2:3: cluster.zzz: unknown key (valid keys: name, shared_dir, master, master_port, python, id)"
+            "cluster.yaml:2:3: cluster.zzz: unknown key (valid keys: name, shared_dir, master, master_port, python, id, read_only)"
         ],
     ),
     (
@@ -595,7 +594,12 @@ def run_command(argv: list[str], cluster: Cluster | None = None) -> tuple[int, s
     hostfile_command.register(parser.add_subparsers())
     args = parser.parse_args(argv)
     out = io.StringIO()
-    code = args.func(args, SimpleNamespace(cluster=cluster, out=out))
+    from console.cli import Context
+
+    ctx = Context(out=out)
+    if cluster is not None:
+        ctx.cluster = cluster   # the cached property, given
+    code = args.func(args, ctx)
     return code, out.getvalue()
 
 
