@@ -25,7 +25,7 @@ from console.ssh.pool import Pool
 from console.training.logparse import parse_line
 from console.training.logview import LogView
 from screens.logview import LogViewScreen
-from screens.training import PANES, TrainingScreen
+from screens.training import PANES, LaunchDialog, TrainingScreen
 
 SIZES = [(80, 24), (120, 36), (160, 45)]
 SIZE_IDS = [f"{w}x{h}" for w, h in SIZES]
@@ -198,3 +198,51 @@ async def test_chart_legends_leave_the_data_uncovered(fed_app, size):
         await settle(pilot)
         rows = chart_rows(screen.query_one("#loss-chart"))
         assert not legend_rows_cover_data(rows, ["rank0", "rank1", "val"]), "\n".join(rows)
+
+
+async def pressed_and_seen(pilot, key: str) -> bool:
+    """Whether pressing ``key`` changes what the terminal shows (text or colours) within a few
+    turns of the event loop: its handler's own frame, no worker round trip (well within
+    100 ms)."""
+    before = pilot.app.export_screenshot()
+    await pilot.press(key)
+    for _ in range(10):
+        await pilot.pause(0.01)
+        if pilot.app.export_screenshot() != before:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 45)], ids=["80x24", "160x45"])
+async def test_every_training_key_gives_visible_feedback(fed_app, size):
+    async with fed_app.run_test(size=size, notifications=True) as pilot:
+        screen = await show_training(pilot)
+        feed_training(screen)
+        await settle(pilot)
+        silent = []
+        # panes (each from another), per-rank from a pane without the chart and back, export,
+        # then the keys that refuse or ask while the run is live
+        for key in ("k", "p", "e", "f", "i", "c", "p", "x", "l", "r"):
+            if not await pressed_and_seen(pilot, key):
+                silent.append(key)
+        if not await pressed_and_seen(pilot, "s"):  # asks first
+            silent.append("s")
+        await pilot.press("escape")
+        assert not silent, f"no visible feedback at {size} for: {silent}"
+
+
+async def test_the_launch_dialogs_keys_give_visible_feedback(fed_app):
+    async with fed_app.run_test(size=(120, 36), notifications=True) as pilot:
+        await show_training(pilot)
+        await pilot.press("l")
+        await pilot.pause()
+        dialog = fed_app.screen
+        assert isinstance(dialog, LaunchDialog)
+        silent = []
+        for key in ("o", "l", "b"):  # before any plan: each says what it needs
+            dialog.query_one("#launch-review").focus()
+            await pilot.pause()
+            if not await pressed_and_seen(pilot, key):
+                silent.append(key)
+        assert not silent, f"no visible feedback in the launch dialog for: {silent}"
+        assert dialog.query_one("#launch-profile").has_focus  # b: back to the fields
