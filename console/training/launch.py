@@ -476,10 +476,23 @@ class Preparation:
                        "plan": self.plan.to_dict() if self.plan else None})
 
 
+def network_view(pool: Pool) -> Cluster:
+    """The cluster with each node's ``host`` as the other nodes reach it: the HostName that
+    ~/.ssh/config gives an alias (a ``Host`` alias is a name only this console's ssh knows,
+    so it must never become MASTER_ADDR or a peer address), also behind a jump host."""
+    cluster = pool.cluster
+    nodes = []
+    for node in cluster.nodes:
+        endpoint = None if node.local else pool.endpoint(node.name)
+        host = endpoint.host if endpoint is not None and endpoint.host else node.host
+        nodes.append(node if host == node.host else replace(node, host=host))
+    return replace(cluster, nodes=tuple(nodes))
+
+
 def prepare(pool: Pool, profile: TrainingProfile, options: LaunchOptions = LaunchOptions(),
             *, run_id: str | None = None) -> Preparation:
     """Inspect the nodes, build the plan and run every pre-flight check (seconds)."""
-    cluster = pool.cluster
+    cluster = network_view(pool)
     infos = inspect_nodes(pool, profile, options.master_port or cluster.master_port)
     checks = [c for info in infos.values()
               for c in _node_checks(info, profile, cluster.master_node.name)]
@@ -668,6 +681,7 @@ def resume_options(record: RunRecord) -> LaunchOptions:
 
 __all__ = [
     "CPU_OVERRIDES", "Check", "CheckpointChoice", "checkpoint_check", "ENTRIES", "Entry", "LaunchError", "LaunchOptions", "LaunchPlan",
-    "NodeInfo", "NodePlan", "PlanError", "master_address", "Preparation", "build_plan",
+    "NodeInfo", "NodePlan", "PlanError", "master_address", "network_view", "Preparation",
+    "build_plan",
     "inspect_nodes", "launch", "shipped_ds_config", "prepare", "resume_options", "resume_profile",
 ]
