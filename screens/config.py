@@ -168,6 +168,11 @@ class ConfigScreen(ConsoleScreen):
         self._waiting_for_nodes = False
         self._unsubscribe: Callable[[], None] = lambda: None
         self._up: tuple[str, ...] = ()
+        #: Each node's last known up (True) or not: the data lists are looked for again when
+        #: one of the checked nodes changes, so their findings follow the nodes.
+        self._node_up: dict[str, bool] = {}
+        #: A node changed while a data check was under way: check again when it answers.
+        self._data_again = False
         self._data: tuple[tuple[str, str] | None, list[Finding]] = (None, [])
         self._data_pending = False
         self._generation = 0
@@ -377,8 +382,14 @@ class ConfigScreen(ConsoleScreen):
         self._changed(now=True)
 
     def on_node_status_changed(self, message: NodeStatusChanged) -> None:
-        if self._waiting_for_nodes and self._is_up(message.status):
+        node, up = message.status.node, self._is_up(message.status)
+        changed = self._node_up.get(node, up) != up
+        self._node_up[node] = up
+        if self._waiting_for_nodes and up:
             self.action_probe()
+        elif changed and node in self._up:  # "not readable on node1" goes once it is back
+            self._data_again = self._data_pending
+            self._start_data_check()
 
     @staticmethod
     def _is_up(status: NodeStatus) -> bool:
@@ -387,7 +398,9 @@ class ConfigScreen(ConsoleScreen):
     def on_data_lists_checked(self, message: DataListsChecked) -> None:
         self._data = (message.paths, message.findings)
         self._data_pending = False
-        if self.profile and message.paths != self._data_paths(self.profile):
+        if self.profile and (self._data_again
+                             or message.paths != self._data_paths(self.profile)):
+            self._data_again = False
             self._start_data_check()
         self._changed(now=True)
 

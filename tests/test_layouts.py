@@ -246,3 +246,49 @@ async def test_the_launch_dialogs_keys_give_visible_feedback(fed_app):
                 silent.append(key)
         assert not silent, f"no visible feedback in the launch dialog for: {silent}"
         assert dialog.query_one("#launch-profile").has_focus  # b: back to the fields
+
+
+async def test_config_data_findings_follow_the_node_states(loopback, tmp_path, monkeypatch):
+    """Seen: "train.jsonl is not readable on node0" stayed on the Config screen until ctrl+r.
+    Now a checked node that goes away or comes back has the data lists looked for again."""
+    import shutil
+
+    from test_config_screen import open_config, write_data_lists
+
+    from console.cluster.model import load_cluster
+    from screens.app import SVConsoleApp
+
+    monkeypatch.setenv("SVCONSOLE_STATE_DIR", str(tmp_path / "state"))
+    here = tmp_path / "cluster"
+    here.mkdir()
+    shutil.copy(loopback.cluster_yaml, here / "cluster.yaml")  # training.yaml goes beside it
+    write_data_lists(here)
+    cluster = load_cluster(here / "cluster.yaml")
+    pool = Pool(cluster)
+    app = SVConsoleApp(cluster, pool, health_interval=1.0)
+
+    def unreadable() -> str:
+        return " ".join(f.message for f in app.screen._data[1] if "not readable" in f.message)
+
+    try:
+        async with app.run_test(size=(120, 36)) as pilot:
+            screen = await open_config(pilot)
+            for _ in range(1800):  # the probe of every node, then the data check
+                if screen._up and screen._data[0] is not None and not screen._data_pending:
+                    break
+                await pilot.pause(0.1)
+            assert "node1" in screen._up and not unreadable(), screen._data
+            loopback.kill(1)
+            for _ in range(600):
+                if "node1" in unreadable():
+                    break
+                await pilot.pause(0.1)
+            assert "node1" in unreadable(), "a node that went away is not looked at again"
+            loopback.restart(1)
+            for _ in range(900):
+                if not unreadable() and not screen._data_pending:
+                    break
+                await pilot.pause(0.1)
+            assert not unreadable(), f"still after node1 came back: {unreadable()}"
+    finally:
+        pool.close()
