@@ -43,6 +43,7 @@ class AlertsHub:
         self._run: list[Condition] = []
         self._run_id: str | None = None
         self._ended: set[str] = set()
+        self._running: set[str] = set()
         self._end: Condition | None = None
 
     def run_seen(self, run_id: str, findings: Sequence[Any], state: str) -> None:
@@ -51,11 +52,14 @@ class AlertsHub:
             self._run_id, self._run = run_id, []
             self.engine.run = run_id
         if state in ENDED:
-            if run_id not in self._ended:
+            # told only for a run this console saw running: a run that ended before the
+            # console opened is history, not news
+            if run_id in self._running and run_id not in self._ended:
                 self._ended.add(run_id)
                 self._end = run_end_condition(state, self.rules, findings)
             self._run = []
         else:
+            self._running.add(run_id)
             self._run = finding_conditions(findings, self.rules)
 
     def tick(self, statuses: dict[str, Any]) -> None:

@@ -33,6 +33,17 @@ def test_hub_sends_a_runs_faults_then_its_end_once(tmp_path):
     assert [json.loads(x)["kind"] for x in lines] == ["fault", "run"]
 
 
+def test_a_run_that_ended_before_the_console_opened_is_not_news(tmp_path):
+    """Seen on the tour: opening the console on a run finished 45 minutes earlier popped
+    "alert INFO: run finished"."""
+    got = []
+    hub = AlertsHub(offline_cluster(), tmp_path, got.append)
+    hub.run_seen("old-run", [], "finished")
+    hub.tick({})
+    hub.close()
+    assert got == []
+
+
 async def test_the_app_rings_and_shows_a_toast(tmp_path, monkeypatch):
     monkeypatch.setenv("SVCONSOLE_STATE_DIR", str(tmp_path))
     cluster = offline_cluster()

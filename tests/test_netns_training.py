@@ -176,6 +176,13 @@ def test_netns_forced_private_output_dir_is_named(netns_cluster: NetnsCluster, t
             time.sleep(1)
         assert (private / "logs" / log).exists()  # its log: on the node's own directory
         assert not (out / "logs" / log).exists()  # not where the master and the console look
+        # while it runs, the follower's watch names the node and the cause as a finding
+        store = MetricsStore()
+        watch = StallWatch(pool, record, store)
+        assert watch.check_storage()
+        (finding,) = [f for f in store.findings() if f.id == "output-dir-not-shared"]
+        assert finding.node == nodes[2] and "sees another directory" in finding.detail
+        assert time.monotonic() - started < FINDING_WITHIN_S
     finally:
         stop_all(pool, state)
         pool.close()

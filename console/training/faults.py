@@ -458,6 +458,13 @@ CATALOG: tuple[Fault, ...] = (
                "-15 SIGTERM (stopped by the launcher after another rank failed).",
         source="torch elastic, DeepSpeed launcher, DataLoader"),
     Fault(
+        id="output-dir-not-shared", title="output_dir is not one shared directory",
+        severity=Severity.ERROR, detector="storage",
+        advice="Mount the same shared directory (NFS from the head node) at output_dir on every "
+               "node (svconsole setup's nfs steps): each node now writes its own checkpoints, "
+               "and a resume finds a different model.pt on each.",
+        source="svconsole's storage check of a running run"),
+    Fault(
         id="job-failed", title="Training job failed", severity=Severity.ERROR, generic=True,
         signatures=(r"Error executing job with overrides:", r"ChildFailedError: "),
         advice="The trainer exited with an error; the exception above it names the cause.",

@@ -29,6 +29,7 @@ import base64
 import contextlib
 import ipaddress
 import json
+import logging
 import secrets
 import shlex
 import threading
@@ -41,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 from console.ssh.pool import Pool, Stream
 from console.ssh.remote import script_text
 from console.training.runs import PREFIX, node_python
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from console.training.launch import Check, LaunchPlan
@@ -544,6 +547,49 @@ def preflight(pool: Pool, plan: LaunchPlan, profile: TrainingProfile, *,
     return run_checks(pool, Target.of_plan(plan, profile), nodes=nodes)
 
 
+def shared_storage(pool: Pool, record_or_plan: RunRecord | LaunchPlan) -> list[Check]:
+    """Is output_dir one directory on every node, while a run may be using it? A token file
+    written on the master must be read back, with its content, on every other node (plain
+    shell over the pool: the run holds the master port, so no listener is started). One
+    check per node; the token is removed afterwards."""
+    from console.training.launch import LaunchPlan
+
+    plan = record_or_plan
+    if not isinstance(plan, LaunchPlan):
+        plan = LaunchPlan.from_dict(record_or_plan.plan)  # type: ignore[union-attr]
+    out, token = plan.output_dir, secrets.token_hex(8)
+    where = shlex.quote(f"{out}/svconsole")
+    made = pool.run(plan.master, f"mkdir -p {where} && t=$(mktemp {where}/.shared-XXXXXX) && "
+                                 f"printf %s {token} > \"$t\" && printf '\\n@svtoken %s\\n' \"$t\"",
+                    timeout=30)
+    # a login banner may come first: the path is on the line the marker starts
+    path = next((line[len("@svtoken "):] for line in made.stdout.splitlines()
+                 if line.startswith("@svtoken ")), "")
+    if not made.ok or not path:   # no proof either way: nothing to say
+        log.warning("shared output_dir: no token written in %s on %s: %s", out, plan.master,
+                    (made.error or made.stderr or f"exit {made.exit}").strip())
+        return []
+    checks = []
+    try:
+        others = [n.node for n in plan.nodes if n.node != plan.master]
+        with ThreadPoolExecutor(max_workers=max(1, min(len(others),
+                                                       pool.cluster.ssh.max_parallel))) as ex:
+            seen = dict(zip(others, ex.map(lambda n: pool.run(
+                n, f"cat -- {shlex.quote(path)} 2>&1", timeout=30), others), strict=True))
+        for node, result in seen.items():
+            if result.ok and token in result.stdout:
+                checks.append(_check("shared output_dir", True,
+                                     f"{out} is the master's directory", node))
+            else:
+                said = (result.error or result.stdout or result.stderr or "").strip()[:200]
+                checks.append(_check("shared output_dir", False,
+                                     f"{node} sees another directory at {out}: the token "
+                                     f"{plan.master} wrote there is not in it ({said})", node))
+    finally:
+        pool.run(plan.master, f"rm -f -- {shlex.quote(path)}", timeout=30)
+    return checks
+
+
 def reachability(pool: Pool, record_or_plan: RunRecord | LaunchPlan) -> list[Check]:
     """Master port and peer ports, from every node, for a run that may already be going (the
     stall detector's diagnosis). The checks that failed name the node and from where."""
@@ -556,4 +602,4 @@ def reachability(pool: Pool, record_or_plan: RunRecord | LaunchPlan) -> list[Che
 
 
 __all__ = ["CONNECT_TIMEOUT", "Target", "ifname_matches", "preflight", "reachability",
-           "run_checks"]
+           "run_checks", "shared_storage"]

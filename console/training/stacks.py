@@ -521,12 +521,16 @@ class StallWatch:
         self.pool, self.record, self.store, self.interval = pool, record, store, interval
         self.diagnosed: list[tuple[RunStall, str]] = []
         self.flight_collected = False
+        self.storage_checked = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def check(self) -> str | None:
         """Diagnose the stall now, if there is one not yet diagnosed; its text. Collect the
-        flight recorder's dumps after a watchdog timeout (once)."""
+        flight recorder's dumps after a watchdog timeout (once). Check once that output_dir is
+        one directory on every node (a run forced past that pre-flight check trains on, each
+        node writing its own checkpoints: nothing in the logs says so)."""
+        self.check_storage()
         self.check_flight_recorder()
         stall = self.store.run_stall()
         if stall is None or any(d.since == stall.since for d, _ in self.diagnosed):
@@ -537,6 +541,22 @@ class StallWatch:
                                        rank=suspect.rank if suspect else None,
                                        node=suspect.node if suspect else None)
         return text
+
+    def check_storage(self) -> bool:
+        """Once per watch: the shared output_dir check; each node that sees another directory
+        becomes a finding naming it. True when this call ran the check."""
+        if self.storage_checked or not self.record.plan:
+            return False
+        from console.training import faults
+        from console.training.preflight import shared_storage
+
+        self.storage_checked = True
+        for check in shared_storage(self.pool, self.record):
+            if not check.ok:
+                self.store.attach(f"storage-{check.node}", faults.Finding(
+                    faults.fault("output-dir-not-shared"), (check.message,), check.node, None,
+                    None, check.message))
+        return True
 
     def check_flight_recorder(self) -> bool:
         """After the run's first watchdog timeout finding, collect and attach the dumps; True
