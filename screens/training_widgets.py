@@ -349,16 +349,32 @@ def feed_text(items: Sequence[FeedItem], limit: int = 200) -> Text:
         out.append("no event yet (validation, checkpoints, best model, early stopping)",
                    style="dim")
         return out
-    for item in list(items)[-limit:]:
+    for item, words, style, wheres, count in collapse_feed(items)[-limit:]:
+        when = _clock(item.event.time)
+        where = wheres[0] if len(wheres) == 1 else f"{len(wheres)} ranks"
+        out.append(f"{when} {where:<10} ", style="dim")
+        out.append(words, style=style)
+        if count > 1:
+            out.append(f"  ×{count}", style="bold")
+        out.append("\n")
+    out.rstrip()
+    return out
+
+
+def collapse_feed(items: Sequence[FeedItem]) -> list[tuple[FeedItem, str, str, list[str], int]]:
+    """Consecutive items that say the same words (every rank's "Train epoch 3", a checkpoint
+    per rank) as one line: (first item, words, style, where from, how many)."""
+    out: list[tuple[FeedItem, str, str, list[str], int]] = []
+    for item in items:
         e = item.event
         style, words = describe_event(e)
-        when = _clock(e.time)
-        where = item.node or "?"
-        if e.rank is not None:
-            where += f"/r{e.rank}"
-        out.append(f"{when} {where:<10} ", style="dim")
-        out.append(words + "\n", style=style)
-    out.rstrip()
+        where = (item.node or "?") + (f"/r{e.rank}" if e.rank is not None else "")
+        if out and out[-1][1] == words:
+            first, _w, _s, wheres, count = out[-1]
+            out[-1] = (first, words, style, wheres if where in wheres else [*wheres, where],
+                       count + 1)
+        else:
+            out.append((item, words, style, [where], 1))
     return out
 
 

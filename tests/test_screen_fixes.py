@@ -144,3 +144,18 @@ def test_gpu_sparkline_sits_next_to_its_bar_at_160_columns():
     bar_end = line.index("%") + 1                  # the utilisation bar and its percentage
     first_spark = min(line.index(ch) for ch in SPARKS if ch in line[bar_end:])
     assert first_spark - bar_end <= 2, line
+
+
+def test_events_pane_collapses_repeats():
+    """Seen: 480 events for 40 steps. Every rank's same line is one line with its count."""
+    from console.training.logparse import parse_line
+    from console.training.metrics import FeedItem
+    from screens.training_widgets import feed_text
+
+    items = [FeedItem(f"node{r // 2}", 0.0, parse_line(
+        f"[2026-12-01 10:00:0{r},000][root][INFO] - Train epoch: 3, rank: {r}")) for r in range(4)]
+    items += [FeedItem("node0", 0.0, parse_line(
+        "[2026-12-01 10:00:09,000][root][INFO] - Save checkpoint: 3, rank: 0"))]
+    lines = feed_text(items).plain.splitlines()
+    assert len(lines) == 2, lines
+    assert "×4" in lines[0] and "4 ranks" in lines[0] and "×" not in lines[1]
