@@ -3,7 +3,8 @@ worker errors handed to the app's one error handler."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar, Protocol, cast
 
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Header, Static
@@ -12,7 +13,27 @@ from textual.worker import Worker
 from screens.keys import SCREENS
 
 if TYPE_CHECKING:
-    from screens.app import SVConsoleApp
+    from console.cluster.model import Cluster
+    from console.gpu.telemetry import Telemetry
+    from console.ssh.pool import Pool
+
+
+class ConsoleApp(Protocol):
+    """What the screens use of the app (screens/app.py's ``SVConsoleApp``), named here so that
+    this module need not import the app, which imports it: no import circle in screens/."""
+
+    cluster: Cluster
+    pool: Pool
+    health_interval: float | None
+
+    def gpu_telemetry(self, interval: float = 1.0) -> Telemetry: ...
+
+    def reload_cluster(self, cluster: Cluster, then: Callable[[], object] | None = None
+                       ) -> None: ...
+
+    def rebuild_screen(self, mode: str) -> None: ...
+
+    def check_nodes(self) -> object: ...
 
 
 class WorkerErrorsToApp:
@@ -59,8 +80,8 @@ class ConsoleScreen(WorkerErrorsToApp, Screen):
         self.built = True
 
     @property
-    def console(self) -> SVConsoleApp:
-        return cast("SVConsoleApp", self.app)
+    def console(self) -> ConsoleApp:
+        return cast("ConsoleApp", self.app)
 
     def compose_header(self):
         yield Header(show_clock=False, icon="≡")

@@ -150,7 +150,12 @@ def test_nodes_gpus_and_runs_scraped_over_http(running, loopback):
 
     # every metric of the catalogue is served (the dashboard test relies on the catalogue)
     served = set(s)
+    # the H200 log's train lines carry no per-phase timings, so no rank has a time relative
+    # to the others (tests/test_metrics.py and test_hangs.py serve it from real timings)
+    needs_timings = {"svconsole_run_step_time_relative"}
     for spec in METRICS:
+        if spec.name in needs_timings:
+            continue
         assert spec.name in served, spec.name
         for labels, _ in s[spec.name]:
             assert set(spec.labels) <= set(labels), (spec.name, labels)

@@ -155,7 +155,9 @@ def test_frozen_rank_and_slow_rank_are_named(fresh_loopback, tmp_path: Path,
             assert suspects == [(names[1], 1)], stacks["suspects"]
             assert "is stopped (state T)" in stacks["suspects"][0]["why"]
             (majority,) = [g for g in stacks["groups"] if g["majority"]]
-            assert sorted(majority["ranks"]) == [0, 2] and majority["collective"], majority
+            # the others wait in one collective; the frozen rank may have been stopped inside
+            # it too (same frames): it is named by its state, not by its stack
+            assert {0, 2} <= set(majority["ranks"]) and majority["collective"], majority
         finally:
             os.kill(frozen, signal.SIGCONT)
         before = dict(steps.last)

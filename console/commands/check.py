@@ -71,10 +71,16 @@ def preflight(args: argparse.Namespace, ctx: Context) -> int:
     """``check --preflight``: ``launch --dry-run``'s own handler, so both say the same."""
     from console.commands import launch
 
-    dry = argparse.Namespace(profile=args.profile, entry=args.entry, nproc_per_node=None,
-                             master_port=None, env=args.env, ds_config=None, resume=None,
-                             dry_run=True, force=False, yes=False, json=args.json)
-    return launch.handler(dry, ctx)
+    # parsed by launch's own parser, so its options (and their defaults) can never drift
+    parser = argparse.ArgumentParser(prog="svconsole")
+    launch.register(parser.add_subparsers(dest="command"))
+    argv = ["launch", "--dry-run"]
+    argv += ["--profile", args.profile] if args.profile else []
+    argv += ["--entry", args.entry] if args.entry else []
+    for env in args.env or []:
+        argv += ["--env", env]
+    argv += ["--json"] if args.json else []
+    return launch.handler(parser.parse_args(argv), ctx)
 
 
 def collect(pool: Pool, cluster: Cluster, state_dir: Path | None = None,
