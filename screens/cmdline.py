@@ -60,6 +60,9 @@ def parse(text: str) -> Command:
     except ValueError as exc:
         raise CommandError(f"{text}: {exc}") from None
     verb = ALIASES.get(words[0].lower(), words[0].lower())
+    starting = [v for v in VERBS if v.startswith(verb)]
+    if verb not in VERBS and len(starting) == 1:   # a unique start is enough: ':gp' is :gpus
+        verb = starting[0]
     if verb not in VERBS:
         near = [v for v in VERBS if v.startswith(verb[:2])]
         hint = f" (did you mean {', '.join(':' + v for v in near)}?)" if near else ""

@@ -14,8 +14,13 @@ def test_verbs_and_arguments():
     assert parse("logs node2") == Command("logs", ("node2",))
     assert parse(":stop 20261201-0915") == Command("stop", ("20261201-0915",))
     assert parse(":q") == Command("quit")
-    with pytest.raises(CommandError, match="no such command .*did you mean :stop, :stacks"):
-        parse(":sta")
+    assert parse(":gp") == Command("gpus") and parse(":log node1") == Command("logs", ("node1",))
+    assert parse(":sta") == Command("stacks")           # a unique start
+    with pytest.raises(CommandError, match="no such command .*did you mean :setup, :stop, "
+                                           ":stacks"):
+        parse(":s")                                      # not unique
+    with pytest.raises(CommandError, match=":zz: no such command"):
+        parse(":zz")
     with pytest.raises(CommandError, match=":gpus takes no argument"):
         parse(":gpus node1")
     with pytest.raises(CommandError, match="type a command"):
