@@ -446,6 +446,20 @@ def test_data_lists_on_every_node(tmp_path: Path) -> None:
     assert bad.message.startswith("n1:data/train.jsonl:2: target_len")
 
 
+def test_a_node_that_did_not_answer_is_not_called_unreadable():
+    """Seen on the tour: an unreachable node's data list was reported "not readable"."""
+    from console.ssh.pool import Result
+
+    def run(node: str, cmd: str) -> Result:
+        return Result(node, None, "", "", 0.0, "node2 down since 3 s: connection refused")
+
+    profile = default_profile()
+    found = dsconfig.check_data_on_nodes(run, ["node2"], profile)
+    assert found and all(f.severity == "warning" for f in found)
+    assert all("could not be checked on node2 (node2 down since 3 s: connection refused)"
+               in f.message and "not readable" not in f.message for f in found)
+
+
 # ---------------------------------------------------------------- the CLI
 
 

@@ -267,8 +267,9 @@ async def test_config_data_findings_follow_the_node_states(loopback, tmp_path, m
     pool = Pool(cluster)
     app = SVConsoleApp(cluster, pool, health_interval=1.0)
 
-    def unreadable() -> str:
-        return " ".join(f.message for f in app.screen._data[1] if "not readable" in f.message)
+    def unreadable() -> str:   # a node that went away is "could not be checked", not "not readable"
+        return " ".join(f.message for f in app.screen._data[1]
+                        if "not readable" in f.message or "could not be checked" in f.message)
 
     try:
         async with app.run_test(size=(120, 36)) as pilot:

@@ -1408,9 +1408,13 @@ def check_data_on_nodes(run: Callable[[str, str], RunResult], nodes: Iterable[st
     for key in ("train_data_set_list", "valid_data_set_list"):
         path = profile.get(key)
         missing: list[str] = []
+        unasked: list[str] = []
         checked = False
         for node in nodes:
             result = run(node, f"head -n {int(sample)} -- {shlex.quote(path)}")
+            if getattr(result, "error", None):   # the node did not answer: nothing is known
+                unasked.append(f"{node} ({result.error})")
+                continue
             if not result.ok:
                 missing.append(node)
                 continue
@@ -1431,6 +1435,12 @@ def check_data_on_nodes(run: Callable[[str, str], RunResult], nodes: Iterable[st
                 f"{path} is not readable on {', '.join(missing)}",
                 "every rank opens the data list itself", "put it on the shared storage, or copy "
                 "it to the same path on every node"))
+        if unasked:
+            out.append(_profile_finding(
+                profile, "warning", "cluster", key,
+                f"{path} could not be checked on {', '.join(unasked)}: the node did not answer",
+                "every rank opens the data list itself", "check again (ctrl+r) once the node "
+                "is up"))
     return out
 
 
