@@ -78,7 +78,9 @@ def live_run(loopback, pool, tmp_path) -> Iterator[runs.RunRecord]:
 def test_exec_into_head_ends_quietly(loopback):
     # every node prints far more than a pipe holds: the writes after head left must fail
     out, err, status, _ = piped(loopback, "exec -- seq 1 200000", "head -1")
-    assert out.strip() in {f"{n.name}: 1" for n in load_cluster(loopback.cluster_yaml).nodes}
+    first = out.strip()   # the first node to answer; a banner node may answer with its banner
+    assert first in {f"{n.name}: 1" for n in load_cluster(loopback.cluster_yaml).nodes} or (
+        first.endswith("(banner noise)")), first
     assert_quiet(err)
     assert status == EXIT_PIPE, err
 

@@ -254,10 +254,25 @@ async def test_save_asks_naming_the_errors_then_writes_atomically_keeping_unknow
 
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
-def test_snapshot(snap_compare, setup, size):
-    make, _ = setup
+def test_snapshot(snap_compare, monkeypatch, size):
+    # a fixed directory: the findings show the data lists' paths, and pytest's numbered
+    # tmp_path would change the picture from one run to the next
+    import shutil
+
+    fixed = Path("/tmp/svconsole-config-snapshot")
+    shutil.rmtree(fixed, ignore_errors=True)
+    fixed.mkdir(parents=True)
+    monkeypatch.setenv("SVCONSOLE_STATE_DIR", str(fixed / "state"))
+    write_facts(fixed / "state")
+    cluster = local_cluster(fixed)
+    pool = Pool(cluster)
 
     async def open_and_settle(pilot) -> None:
         await open_config(pilot)
 
-    assert snap_compare(make(), run_before=open_and_settle, terminal_size=size)
+    try:
+        assert snap_compare(SVConsoleApp(cluster, pool, health_interval=None),
+                            run_before=open_and_settle, terminal_size=size)
+    finally:
+        pool.close()
+        shutil.rmtree(fixed, ignore_errors=True)
