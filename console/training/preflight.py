@@ -572,10 +572,7 @@ def shared_storage(pool: Pool, record_or_plan: RunRecord | LaunchPlan) -> list[C
     checks = []
     try:
         others = [n.node for n in plan.nodes if n.node != plan.master]
-        with ThreadPoolExecutor(max_workers=max(1, min(len(others),
-                                                       pool.cluster.ssh.max_parallel))) as ex:
-            seen = dict(zip(others, ex.map(lambda n: pool.run(
-                n, f"cat -- {shlex.quote(path)} 2>&1", timeout=30), others), strict=True))
+        seen = pool.run_all(f"cat -- {shlex.quote(path)} 2>&1", nodes=others, timeout=30)
         for node, result in seen.items():
             if result.ok and token in result.stdout:
                 checks.append(_check("shared output_dir", True,
