@@ -508,3 +508,33 @@ def test_cli_nodes_json_carries_facts_and_verdicts(loopback, capsys, tmp_path, m
     assert data["node0"]["verdict"] in ("ready", "degraded", "not ready")
     assert data["node1"]["state"] == "unreachable" and data["node1"]["verdict"] == "not ready"
 
+
+
+class _LateChannel:
+    """A channel whose last bytes and EOF come in between the reader's checks (seen in CI: a
+    once-only log read lost its end). paramiko buffers a packet's data before it sets
+    ``eof_received``, which is what this one does, in the window after ``recv_ready`` said no."""
+
+    def __init__(self, late: bytes) -> None:
+        self.buffer, self.late, self.eof_received, self.closed = b"", late, False, False
+
+    def recv_ready(self) -> bool:
+        if self.late is not None and not self.buffer:
+            ready = False
+            self.buffer, self.late, self.eof_received = self.late, None, True  # arrives now
+            return ready
+        return bool(self.buffer)
+
+    def recv(self, n: int) -> bytes:
+        data, self.buffer = self.buffer[:n], self.buffer[n:]
+        return data
+
+    def recv_stderr_ready(self) -> bool:
+        return False
+
+
+def test_output_that_arrives_with_the_eof_between_the_checks_is_read():
+    from console.ssh.pool import _ChannelProcess
+
+    process = _ChannelProcess("n", _LateChannel(b"last line\n@svcE eof\n"), lambda: None)
+    assert b"".join(data for _fd, data in process.chunks(None)) == b"last line\n@svcE eof\n"

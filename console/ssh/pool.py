@@ -216,6 +216,12 @@ class _ChannelProcess(_Process):
                 yield "err", ch.recv_stderr(READ_SIZE)
                 continue
             if ch.eof_received or ch.closed:
+                # paramiko buffers a channel's data before it sets the EOF flag, so the last
+                # bytes may have arrived between the checks above and this one: drain them
+                while ch.recv_ready():
+                    yield "out", ch.recv(READ_SIZE)
+                while ch.recv_stderr_ready():
+                    yield "err", ch.recv_stderr(READ_SIZE)
                 return
             left = _check(deadline, "waiting for output")
             wait = POLL if left is None else min(POLL, left)

@@ -375,16 +375,19 @@ def read_run(pool: Pool, record: RunRecord, *, nodes: list[str] | None = None,
 
 def last_step(pool: Pool, status: RunStatus, *, tail: int = 256 * 1024) -> int | None:
     """The last ``total step`` in the run's first node's log (its last ``tail`` bytes, this
-    run's part only): what the run picker shows. None when it cannot be read or has none."""
+    run's part only): what the run picker shows. None when it cannot be read to its end or has
+    none."""
     node = status.record.nodes[0]
     size = status.nodes[node.node].log_size if node.node in status.nodes else None
     if size is None:
         return None
     events: list[Event] = []
-    follower = LogFollower(pool, status.record, node, once=True, retry_max=1.0, give_up=2,
+    follower = LogFollower(pool, status.record, node, once=True, retry_max=1.0, give_up=3,
                            position=Position(max(node.log_offset, size - tail), 0),
                            on_events=lambda _n, evs: events.extend(evs))
     follower.run()
+    if follower.ended_because is None:
+        return None  # read in part: a step from the middle of the log would mislead
     steps = [e.total_step for e in events if isinstance(e, TrainStep) and e.total_step is not None]
     return max(steps) if steps else None
 
