@@ -201,6 +201,15 @@ async def test_a_cluster_sharing_the_hosts_never_sees_or_stops_the_others_run(
     state = tmp_path / "state"  # one user's state directory, for both clusters
     theirs = launch(pool_b, dummy_plan(lb_b, cluster_b, lb_b.shared_dir / "out", steps=600),
                     state)
+    wait_state(pool_b, theirs, "running")
+    # A's pre-flight sees B's run on the shared hosts: a warning that names it, not a clash
+    from console.training.launch import prepare
+
+    profile = dummy_plan(lb_a, cluster_a, lb_a.shared_dir / "out", steps=1).profile
+    checks = [c for c in prepare(pool_a, profile).checks if c.name == "no other run"]
+    assert {c.node for c in checks} == {"node0", "node1"}
+    assert all(c.ok and c.warning and theirs.id in c.message and "another cluster" in c.message
+               for c in checks), checks
     ours = launch(pool_a, dummy_plan(lb_a, cluster_a, lb_a.shared_dir / "out", steps=600),
                   tmp_path / "a")
     try:
@@ -215,6 +224,10 @@ async def test_a_cluster_sharing_the_hosts_never_sees_or_stops_the_others_run(
             time.sleep(0.1)
         before = tagged(theirs.id)
         assert sorted(set(before.values())) == ["node0", "node1"]
+        wait_state(pool_a, ours, "running")
+        checks = [c for c in prepare(pool_a, profile).checks if c.name == "no other run"]
+        assert all(not c.ok and ours.id in c.message and "of this cluster" in c.message
+                   and theirs.id not in c.message for c in checks), checks
 
         elsewhere = tmp_path / "elsewhere"  # empty index: only the nodes know
         assert [s.record.id for s in runs.find_runs(pool_a, elsewhere)] == [ours.id]

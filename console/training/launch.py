@@ -25,6 +25,7 @@ launched again, FunASR continues from ``output_dir/model.pt``.
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import time
 from collections.abc import Mapping
@@ -43,17 +44,23 @@ from console.training.flightrec import recorder_env
 from console.training.profile import TrainingProfile, parse_profile
 from console.training.runs import (
     BadRecord,
+    NodeCallError,
     NodeRun,
     RunRecord,
+    foreign_reason,
     new_run_id,
     node_calls,
+    own_identity,
     put_record,
+    read_remote_record,
     run_dir,
     save_record,
     stop_run,
 )
 
 Entry = Literal["train_ds", "cpu-wrapper"]
+log = logging.getLogger(__name__)
+
 CheckpointChoice = Literal["refuse", "resume", "fresh"]
 ENTRIES: tuple[Entry, ...] = ("train_ds", "cpu-wrapper")
 CPU_WRAPPER = "sv_train_cpu.py"
@@ -363,7 +370,33 @@ class Check:
         return f"[{mark}] {self.name}: {where}{self.message}"
 
 
-def _node_checks(info: NodeInfo, profile: TrainingProfile, master: str) -> list[Check]:
+def foreign_runs(pool: Pool, infos: Mapping[str, NodeInfo]) -> dict[str, str]:
+    """The runs alive on the nodes that belong to another cluster sharing these hosts (two
+    clusters defined over the same machines, a colleague's cluster.yaml): run id -> why it is
+    not this cluster's (:func:`console.training.runs.foreign_reason`). A run whose record
+    cannot be read is not among them: it counts as this cluster's."""
+    here = own_identity(pool)
+    found: dict[str, str] = {}
+    seen: set[str] = set()
+    for node, info in infos.items():
+        for entry in info.runs:
+            run_id = str(entry.get("run_id"))
+            if run_id in seen or not entry.get("record"):
+                continue
+            seen.add(run_id)
+            try:
+                record = read_remote_record(pool, node, str(entry["record"]), run_id)
+            except (BadRecord, NodeCallError) as exc:
+                log.warning("run record not read: %s", exc)
+                continue
+            why = foreign_reason(record, pool.cluster, here)
+            if why is not None:
+                found[run_id] = why
+    return found
+
+
+def _node_checks(info: NodeInfo, profile: TrainingProfile, master: str,
+                 foreign: Mapping[str, str] | None = None) -> list[Check]:
     n = info.node
     if info.error:
         return [Check("reachable", False, info.error, n)]
@@ -381,10 +414,20 @@ def _node_checks(info: NodeInfo, profile: TrainingProfile, master: str) -> list[
     if n == master:
         checks.append(Check("master port", info.port_error is None,
                             info.port_error or "free", n))
-    others = [f"{r['run_id']} (pids {', '.join(map(str, r['pids']))})" for r in info.runs]
-    checks.append(Check("no other run", not others,
-                        f"svconsole run {'; '.join(others)} is alive here" if others
-                        else "no svconsole run alive", n))
+    foreign = foreign or {}
+    ours = [f"{r['run_id']} (pids {', '.join(map(str, r['pids']))})" for r in info.runs
+            if r["run_id"] not in foreign]
+    theirs = [f"{r['run_id']} (pids {', '.join(map(str, r['pids']))}; "
+              f"{foreign[r['run_id']]})" for r in info.runs if r["run_id"] in foreign]
+    if ours:
+        checks.append(Check("no other run", False,
+                            f"svconsole run {'; '.join(ours)} of this cluster is alive here", n))
+    elif theirs:  # another cluster over the same machines: shared GPUs and CPUs, not a clash
+        checks.append(Check("no other run", True,
+                            f"run {'; '.join(theirs)} of another cluster is alive on this host: "
+                            f"it shares the machine's GPUs and CPUs", n, warning=True))
+    else:
+        checks.append(Check("no other run", True, "no svconsole run alive", n))
     env_errors = (info.env_file or {}).get("errors") or []
     if env_errors or (info.env_file or {}).get("error"):
         checks.append(Check("NCCL env file", False,
@@ -494,8 +537,9 @@ def prepare(pool: Pool, profile: TrainingProfile, options: LaunchOptions = Launc
     """Inspect the nodes, build the plan and run every pre-flight check (seconds)."""
     cluster = network_view(pool)
     infos = inspect_nodes(pool, profile, options.master_port or cluster.master_port)
+    foreign = foreign_runs(pool, infos)
     checks = [c for info in infos.values()
-              for c in _node_checks(info, profile, cluster.master_node.name)]
+              for c in _node_checks(info, profile, cluster.master_node.name, foreign)]
     checks.append(_same_versions(infos))
     checks += _data_content(infos, profile)
     plan = None
