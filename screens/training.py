@@ -47,6 +47,7 @@ from console.gpu.telemetry import TelemetryUpdate, feed_utilisation
 from console.training.follow import RunFollower, last_step
 from console.training.launch import (
     ENTRIES,
+    CheckpointChoice,
     LaunchError,
     LaunchOptions,
     LaunchPlan,
@@ -82,6 +83,7 @@ from screens.training_widgets import (
     LossChart,
     LrChart,
     RankTable,
+    SyncChart,
     progress_text,
 )
 
@@ -139,12 +141,23 @@ class LaunchSpec:
 
     def profile(self) -> TrainingProfile:
         """The profile to launch; raises ProfileError naming the file, line and key."""
+        resuming = self.resume is not None or self.options.checkpoint == "resume"
         if self.profile_path is not None and (self.profile_path.exists() or self.resume is None):
             profile = load_profile(self.profile_path)
-            return profile.replace("train_conf.resume", True) if self.resume else profile
+            return profile.replace("train_conf.resume", True) if resuming else profile
         if self.resume is not None:
             return resume_profile(self.resume)
-        return default_profile()
+        profile = default_profile()
+        return profile.replace("train_conf.resume", True) if resuming else profile
+
+
+CHECKPOINT_CHOICES: list[tuple[str, CheckpointChoice]] = [
+    ("ask: refuse while output_dir holds a model.pt", "refuse"),
+    ("resume from output_dir's model.pt", "resume"),
+    ("fresh: move output_dir aside (kept), start anew", "fresh"),
+]
+"""The launch dialog's answer to a checkpoint in output_dir (the CLI's --resume / --fresh;
+override, o, is its --force)."""
 
 
 @dataclass(frozen=True)
@@ -301,6 +314,11 @@ class LaunchDialog(ConsoleModal):
                 shown = redact_env(self.options.env)  # a secret stays ******** (and is kept)
                 yield Input(" ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items()),
                             id="launch-env", compact=True, placeholder="KEY=VALUE ... (optional)")
+            with Horizontal(classes="launch-row"):
+                yield Label("checkpoint")
+                yield Select(CHECKPOINT_CHOICES, value=self.options.checkpoint,
+                             allow_blank=False, id="launch-checkpoint", compact=True,
+                             disabled=self.resume is not None)
             yield Static(id="launch-status")
             with VerticalScroll(id="launch-review"):
                 yield Static(id="launch-plan")
@@ -319,6 +337,7 @@ class LaunchDialog(ConsoleModal):
         if nproc and (not nproc.isdigit() or int(nproc) < 1):
             raise ValueError(f"procs/node: {nproc!r} is not a positive number")
         options = replace(self.options, entry=self.query_one("#launch-entry", Select).value,
+                          checkpoint=self.query_one("#launch-checkpoint", Select).value,
                           nproc_per_node=int(nproc) if nproc else None,
                           env=restore_env(parse_env(self.query_one("#launch-env", Input).value),
                                           self.options.env))
@@ -338,6 +357,12 @@ class LaunchDialog(ConsoleModal):
         self._say(f"asking {len(self.pool.cluster.nodes)} node(s), building the plan, "
                   "running the pre-flight checks…")
         self.prepare(spec)
+
+    @on(Select.Changed)
+    def choice_changed(self, event: Select.Changed) -> None:
+        """A choice changed after the checks were shown: they are run again for it."""
+        if self.prep is not None and not self.busy:
+            self.start_prepare()
 
     @work(thread=True, exclusive=True, group="launch-prepare", name="plan and pre-flight",
           exit_on_error=False)
@@ -378,9 +403,12 @@ class LaunchDialog(ConsoleModal):
                            style="bold red"))
         elif failed and not self.override:
             names = ", ".join(sorted({c.name for c in failed}))
+            choose = ("checkpoint: set it to resume or fresh (b, then the checkpoint field) · "
+                      if any(c.name == "checkpoint" for c in failed) and self.resume is None
+                      else "")
             self._say(Text.assemble(
                 (f"REFUSED: {len(failed)} pre-flight check(s) failed ({names}). ", "bold red"),
-                "o: override and launch anyway · b: back · escape: cancel"))
+                f"{choose}o: override and launch anyway · b: back · escape: cancel"))
         elif failed:
             self._say(Text.assemble(
                 ("OVERRIDE: the failed checks are ignored. ", "bold yellow"),
@@ -448,10 +476,11 @@ class TrainingScreen(ConsoleScreen):
         "(SIGTERM, SIGKILL after 20 s); r resumes a run that ended (train_conf.resume=true: "
         "FunASR continues from output_dir/model.pt).\n\n"
         "Panes: c charts (train loss mean over ranks and validation loss, learning rate; p "
-        "toggles one line per rank), k rank table (node, rank, last step, loss, step time, GPU "
-        "memory, seconds since its last line), e events (validation, checkpoints, best model, "
-        "early stopping), f faults (what, where, the evidence lines, the fix), i the run's plan. "
-        "x exports the charts as PNG and the metrics as CSV. t takes every rank's stack (py-spy, "
+        "toggles one line per rank; a swaps the learning rate for the gradient-sync time per "
+        "step, against the guide's 500 ms and 2000 ms marks), k rank table (node, rank, last "
+        "step, loss, step time, GPU memory, seconds since its last line), e events (validation, "
+        "checkpoints, best model, early stopping), f faults (what, where, the evidence lines, "
+        "the fix), i the run's plan. x exports the charts as PNG and the metrics as CSV. t takes every rank's stack (py-spy, "
         "the training not stopped) and names the ranks the others wait for."
     )
     DEFAULT_CSS = """
@@ -462,7 +491,8 @@ class TrainingScreen(ConsoleScreen):
     TrainingScreen #train-body { height: 1fr; }
     TrainingScreen .pane { display: none; height: 1fr; }
     TrainingScreen .pane.-active { display: block; }
-    TrainingScreen #lr-chart { height: 2fr; }
+    TrainingScreen #lr-chart, TrainingScreen #sync-chart { height: 2fr; }
+    TrainingScreen #sync-chart { display: none; }
     TrainingScreen #loss-chart { height: 3fr; }
     TrainingScreen #pane-events, TrainingScreen #pane-faults, TrainingScreen #pane-plan {
         padding: 0 1;
@@ -491,6 +521,8 @@ class TrainingScreen(ConsoleScreen):
         Binding("s", "stop", "Stop", id="training.stop"),
         Binding("r", "resume", "Resume", id="training.resume"),
         Binding("p", "toggle_per_rank", "Per-rank", id="training.per_rank"),
+        Binding("a", "toggle_sync_chart", "LR / grad sync", show=False,
+                id="training.sync_chart"),
         Binding("x", "export", "Export", id="training.export"),
         Binding("t", "stacks", "Stacks", id="training.stacks"),
         Binding("g", "pick_run", "Runs", id="training.runs"),
@@ -538,6 +570,7 @@ class TrainingScreen(ConsoleScreen):
             with Vertical(id="pane-charts", classes="pane -active"):
                 yield LossChart(id="loss-chart")
                 yield LrChart(id="lr-chart")
+                yield SyncChart(id="sync-chart")
             with Vertical(id="pane-ranks", classes="pane"):
                 yield RankTable(id="rank-table")
             with VerticalScroll(id="pane-events", classes="pane"):
@@ -688,6 +721,7 @@ class TrainingScreen(ConsoleScreen):
             data = ChartData.of(store)
             self.query_one("#loss-chart", LossChart).show(data, per_rank=self.per_rank)
             self.query_one("#lr-chart", LrChart).show(data)
+            self.query_one("#sync-chart", SyncChart).show(data)
             events = self.query_one("#pane-events", VerticalScroll)
             at_end = events.scroll_y >= events.max_scroll_y
             self.query_one("#event-feed", EventFeed).show(store.feed())
@@ -984,6 +1018,13 @@ class TrainingScreen(ConsoleScreen):
         self.per_rank = not self.per_rank
         chart = self.query_one("#loss-chart", LossChart)
         chart.show(chart.data, per_rank=self.per_rank)
+        if not self.query_one("#pane-charts").display:  # the toggled chart is shown
+            self.action_pane("charts")
+
+    def action_toggle_sync_chart(self) -> None:
+        """The lower chart: the learning rate, or the gradient-sync time per step."""
+        lr, sync = self.query_one("#lr-chart", LrChart), self.query_one("#sync-chart", SyncChart)
+        lr.display, sync.display = not lr.display, lr.display
         if not self.query_one("#pane-charts").display:  # the toggled chart is shown
             self.action_pane("charts")
 

@@ -1,5 +1,5 @@
-"""The Training screen's widgets: loss and learning-rate charts, the run's headline, the per-rank
-table, the event feed and the fault panel.
+"""The Training screen's widgets: loss, learning-rate and gradient-sync charts, the run's
+headline, the per-rank table, the event feed and the fault panel.
 
 Every widget is given a *copy* of what it shows (frozen dataclasses and tuples made from the
 metrics store under its lock), never the live store: a chart that redraws on a resize draws the
@@ -19,7 +19,7 @@ from textual.app import RenderResult
 from textual.widgets import DataTable, Static
 from textual_plotext import PlotextPlot
 
-from console.training.faults import Finding, Severity
+from console.training.faults import GRAD_SYNC_BAD_MS, GRAD_SYNC_NORMAL_MS, Finding, Severity
 from console.training.logparse import (
     BestModel,
     CheckpointSaved,
@@ -50,6 +50,10 @@ class ChartData:
     per_rank: tuple[tuple[str, Points], ...] = ()
     val: Points = ()
     lr: tuple[tuple[str, Points], ...] = ()
+    sync: tuple[tuple[str, Points], ...] = ()
+    """Each rank's gradient-sync time in ms: DeepSpeed's ``bwd_allreduce`` (x: DeepSpeed step)
+    where its timers are on, else the estimate (x: total step; ``sync_estimated``)."""
+    sync_estimated: bool = False
 
     @classmethod
     def of(cls, store: MetricsStore) -> ChartData:
@@ -60,13 +64,18 @@ class ChartData:
         names = store.series_names()
         rank_names = sorted((n for n in names if n.startswith("loss/rank")), key=_rank_order)
         lr_names = sorted((n for n in names if n.startswith("lr/rank")), key=_rank_order)
+        timed = sorted((n for n in names if n.startswith("grad_sync_ms/rank")), key=_rank_order)
+        estimated = sorted((n for n in names if n.startswith("grad_sync_est_ms/rank")),
+                           key=_rank_order)
         # In step order: while a reattached follower catches up, one node's lines can run far
         # ahead of another's and the store settles some steps' means out of order.
         return cls(
             mean=tuple(sorted(((p[0], p[1]) for p in store.mean_loss()), key=lambda p: p[0])),
             per_rank=tuple((n.split("/")[1], pts(n)) for n in rank_names),
             val=pts("val_loss"),
-            lr=tuple((n.split("/")[1], pts(n)) for n in lr_names))
+            lr=tuple((n.split("/")[1], pts(n)) for n in lr_names),
+            sync=tuple((n.split("/")[1], pts(n)) for n in (timed or estimated)),
+            sync_estimated=not timed and bool(estimated))
 
 
 def _rank_order(name: str) -> int:
@@ -190,6 +199,29 @@ class LrChart(_Chart):
         self.plot_lines(plt, [(label, pts, "braille") for label, pts in lines])
         plt.title("learning rate" if any(p for _, p in lines) else "learning rate: none yet")
         plt.xlabel("total step")
+
+
+class SyncChart(_Chart):
+    """Gradient-sync time per step and rank, in ms, against the guide's 6.1 thresholds (below
+    500 normal, above 2000 abnormal): DeepSpeed's ``bwd_allreduce`` where wall_clock_breakdown
+    is on, else the estimate (a rank's backward time less the fastest rank's)."""
+
+    def draw(self, plt) -> None:  # noqa: ANN001
+        d = self.data
+        lines = [(label, _finite(points), "braille") for label, points in d.sync]
+        values = [p[1] for _, pts, _ in lines for p in pts]
+        if values:
+            top = max(values)
+            for limit, color in ((GRAD_SYNC_NORMAL_MS, "orange"), (GRAD_SYNC_BAD_MS, "red")):
+                if limit <= top * 1.5:  # a limit far above the data would flatten it
+                    plt.hline(limit, color)
+        self.plot_lines(plt, lines, (0.0, max([*values, 1.0]) * 1.05) if values else None)
+        what = ("estimated gradient sync (backward less the fastest rank's)" if d.sync_estimated
+                else "gradient sync (DeepSpeed bwd_allreduce)")
+        plt.title(f"{what}, ms; guide 6.1: <500 normal, >2000 abnormal" if values
+                  else "gradient sync: none yet (DeepSpeed's wall_clock_breakdown times it; "
+                       "else it is estimated from 2+ ranks' backward times)")
+        plt.xlabel("total step" if d.sync_estimated or not values else "DeepSpeed step")
 
 
 # ---------------------------------------------------------------------------- headline

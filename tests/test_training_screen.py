@@ -36,7 +36,7 @@ from screens.app import SVConsoleApp
 from screens.gpus import GPUsScreen
 from screens.messages import MetricsExported, RunProgress
 from screens.training import LaunchDialog, TrainingScreen, parse_env
-from screens.training_widgets import LossChart, RankTable, robust_ylim
+from screens.training_widgets import LossChart, RankTable, SyncChart, robust_ylim
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 FP32 = LOGS / "funasr-sensevoicesmall-zero1-fp32-bs6000.log"
@@ -303,6 +303,33 @@ async def test_mean_loss_of_a_log_read_ahead_of_another(fed_app):
         mean = screen.query_one("#loss-chart", LossChart).data.mean
         assert [p[0] for p in mean] == list(range(1, 61))
         assert {p[1] for p in mean} == {100.5}
+
+
+async def test_gradient_sync_is_charted_against_the_guides_marks(fed_app):
+    """DeepSpeed's bwd_allreduce timer lines (wall_clock_breakdown) are charted per rank on a
+    so-called DeepSpeed step axis; a swaps the learning-rate chart for it and back. Without the
+    timers, two ranks' backward times give the estimate (tests/test_metrics.py has its maths)."""
+    ds_log = LOGS / "deepspeed-zero1-bf16-run.log"
+    async with fed_app.run_test(size=(100, 30)) as pilot:
+        screen = await show(pilot)
+        feeder = fed_run(screen, {"node0": ds_log})
+        feeder.lines("node0", log_lines(ds_log))
+        await settle(pilot)
+        lr, sync = screen.query_one("#lr-chart"), screen.query_one("#sync-chart", SyncChart)
+        assert lr.display and not sync.display
+        timed = [float(line.rsplit("bwd_allreduce: ", 1)[1].split()[0])
+                 for line in log_lines(ds_log) if "| bwd_allreduce: " in line]
+        assert sync.data.sync and not sync.data.sync_estimated
+        assert sync.data.sync[0][0] == "rank0"
+        assert [p[1] for p in sync.data.sync[0][1]] == pytest.approx(timed)
+        await pilot.press("a")
+        await settle(pilot)
+        assert sync.display and not lr.display
+        drawn = sync.plt.build()
+        assert "gradient sync (DeepSpeed bwd_allreduce), ms" in drawn and "DeepSpeed step" in drawn
+        await pilot.press("k", "a")  # from another pane: the charts pane, the other chart
+        await settle(pilot)
+        assert screen.pane == "charts" and lr.display and not sync.display
 
 
 def test_robust_ylim_cuts_a_1e14_spike_only():
@@ -702,6 +729,49 @@ async def test_tiny_sensevoice_launched_through_the_screen(fresh_loopback, tmp_p
             table = screen.query_one("#rank-table", RankTable)
             assert [str(table.get_row(k)[0]) for k in ("0", "1")] == ["node0", "node1"]
             assert "finished" in plain(screen.query_one("#train-run"))
+
+            # 3. output_dir now holds its checkpoint: launching again asks for a choice, made
+            # in the dialog's checkpoint field (the checks run again on each change)
+            await pilot.press("l")
+            await pilot.pause()
+            dialog = app.screen
+            assert isinstance(dialog, LaunchDialog)
+            await pilot.press("tab", "enter", "down", "enter", "tab", "tab")
+            await pilot.press(*f"TORCH_EXTENSIONS_DIR={cache}", "enter")
+            await wait_until(pilot, lambda: dialog.prep is not None, 120, "the pre-flight")
+
+            def checkpoint() -> tuple[bool, str]:
+                (check,) = [c for c in dialog.prep.checks if c.name == "checkpoint"]
+                return check.ok, check.message
+
+            assert [c.name for c in dialog.prep.failures] == ["checkpoint"], dialog.prep.failures
+            assert "choose: --resume" in checkpoint()[1] and "epoch 6, its end" in checkpoint()[1]
+            assert "checkpoint: set it to resume or fresh" in \
+                plain(dialog.query_one("#launch-status"))
+            await pilot.press("l")  # refused: no question
+            await pilot.pause()
+            assert app.screen is dialog
+            field = dialog.query_one("#launch-checkpoint")
+            for downs, choice, ok, said in ((1, "resume", False, "finished its max_epoch 6"),
+                                            (2, "fresh", True, "it is moved aside to")):
+                await pilot.press("b", "tab", "tab", "tab", "tab")
+                assert app.focused is field, app.focused
+                before = dialog.prep
+                await pilot.press("enter", *["down"] * downs, "enter")
+                await wait_until(pilot, lambda b=before: dialog.prep is not None
+                                 and dialog.prep is not b, 120, f"the checks for {choice}")
+                assert field.value == choice and checkpoint()[0] is ok, checkpoint()
+                assert said in checkpoint()[1], checkpoint()
+                await pilot.press("b", "tab", "tab", "tab", "tab", "enter",
+                                  *["up"] * downs, "enter")  # back to "ask"
+                await wait_until(pilot, lambda: field.value == "refuse" and not dialog.busy
+                                 and dialog.prep is not None and not checkpoint()[0], 120,
+                                 "the checks for the choice back to ask")
+            assert dialog.prep.ok is False
+            await pilot.press("escape")
+            await pilot.pause()
+            assert app.screen is screen and screen.record.id == record.id
+            assert (out / "model.pt").exists()  # nothing moved: nothing was launched
     finally:
         for record in launched:  # only ours: other runs may live on this machine's nodes
             if tagged(record.id):
