@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from console.cli import main
-from console.cluster.model import load_cluster, parse_cluster
+from console.cluster.model import ClusterEditor, load_cluster, parse_cluster
 from console.commands import launch as launch_command
 from console.ssh.pool import Pool
 from console.training import launch as launching
@@ -320,6 +320,7 @@ def test_tiny_sensevoice_two_nodes_launch_reattach_resume_stop(fresh_loopback, t
                            str(Path.home() / ".cache" / "svconsole" / "torch_extensions"))
     common = ["--config", str(lb.cluster_yaml)]
     pool = Pool(load_cluster(lb.cluster_yaml))
+    others: list[tuple[runs.RunRecord, Path]] = []  # the other cluster's run, for the clean-up
     try:
         # 1. svconsole launch (a whole console process: it exits while the training runs)
         code, stdout, err = cli(capsys, *common, "launch", "--profile", str(profile_file),
@@ -380,8 +381,8 @@ def test_tiny_sensevoice_two_nodes_launch_reattach_resume_stop(fresh_loopback, t
             assert ("choose: --resume" if not extra else "finished its max_epoch 1") in \
                 failed["checkpoint"] and "model.pt.ep1: epoch 1, its end" in failed["checkpoint"]
 
-        # 4. resume with more epochs, then stop it mid-training
-        profile_file.write_text(yaml.safe_dump(tiny_profile(tiny, out, max_epoch=4)))
+        # 4. resume with more epochs (more than it gets: it is stopped mid-training)
+        profile_file.write_text(yaml.safe_dump(tiny_profile(tiny, out, max_epoch=400)))
         code, stdout, err = cli(capsys, *common, "launch", "--resume", first.id, "--profile",
                                 str(profile_file), "--yes", "--json")
         reply = json.loads(stdout)
@@ -395,17 +396,77 @@ def test_tiny_sensevoice_two_nodes_launch_reattach_resume_stop(fresh_loopback, t
         assert f"Checkpoint loaded successfully from '{out / 'model.pt'}'".encode() in log0
         assert min(r[2] for r in train_rows(second)) == 1  # epoch 0 was not trained again
 
+        # 5. a second cluster over the same machines (same name, node names and addresses,
+        # other SSH ports) trains at the same time: neither lists nor stops the other's run
+        theirs, theirs_yaml = _train_another_cluster_alongside(
+            fresh_loopback, tmp_path, capsys, monkeypatch, cache, pool.cluster.master_port,
+            others)
+        monkeypatch.setenv("SVCONSOLE_STATE_DIR", str(state))
+        assert tagged(theirs.id) and tagged(second.id)  # both train now
+        code, stdout, _ = cli(capsys, *common, "runs", "--json")
+        assert {r["id"] for r in json.loads(stdout)} == {first.id, second.id}
+
         code, stdout, _ = cli(capsys, *common, "stop", second.id[:17], "--yes", "--grace", "5")
         assert code == 0, stdout
         assert "none left" in stdout and not tagged(second.id)
         code, stdout, _ = cli(capsys, *common, "runs", "--json")
         states = {r["id"]: r["state"] for r in json.loads(stdout)}
         assert states == {first.id: "finished", second.id: "stopped"}
+        assert tagged(theirs.id), "stopping our run touched the other cluster's"
+        wait_for(lambda: not tagged(theirs.id), 400, "the other cluster's run to end")
+        with Pool(load_cluster(theirs_yaml)) as pool_b:
+            status = runs.run_status(pool_b, theirs)
+        assert status.state == "finished", [open(n.log).read()[-2000:] for n in theirs.nodes]
     finally:
+        for record, cluster_yaml in others:
+            if tagged(record.id):
+                with Pool(load_cluster(cluster_yaml)) as pool_b:
+                    runs.stop_run(pool_b, record, grace=2)
         for record in runs.load_index(state):  # whatever was launched, even if a step failed
             if tagged(record.id):
                 runs.stop_run(pool, record, grace=2)
         pool.close()
+
+
+def _train_another_cluster_alongside(fresh_loopback, tmp_path, capsys, monkeypatch, cache: str,
+                                     taken_port: int, others: list
+                                     ) -> tuple[runs.RunRecord, Path]:
+    """Cluster B: its own cluster.yaml (another id), state directory and tiny set, launched with
+    the CLI while cluster A trains on the same addresses. Its pre-flight names A's run as another
+    cluster's (a warning) and refuses the master port A's rendezvous holds; on another port it
+    launches, and A's run is nowhere in what B lists. Returns B's run, once it is stepping, and
+    B's cluster.yaml (both also put in ``others``, for the test's clean-up)."""
+    from svconsole_scripts import tiny_sensevoice
+
+    lb = fresh_loopback(2)
+    editor = ClusterEditor(lb.cluster_yaml)  # both cluster.yaml files name the same port
+    editor.set("cluster.master_port", taken_port)
+    editor.save()
+    state = tmp_path / "state-b"
+    monkeypatch.setenv("SVCONSOLE_STATE_DIR", str(state))
+    tiny = tiny_sensevoice.make(lb.shared_dir / "tiny", samples=8, seconds=1.5)
+    profile_file = tmp_path / "training-b.yaml"
+    profile_file.write_text(yaml.safe_dump(tiny_profile(tiny, lb.shared_dir / "exp", 60)))
+    launch = ["--config", str(lb.cluster_yaml), "launch", "--profile", str(profile_file),
+              "--entry", "cpu-wrapper", "--env", f"TORCH_EXTENSIONS_DIR={cache}", "--yes",
+              "--json"]
+    code, stdout, _ = cli(capsys, *launch, "--dry-run")
+    reply = json.loads(stdout)
+    checks = {(c["name"], c["node"]): c for c in reply["checks"]}
+    for node in ("node0", "node1"):
+        other = checks[("no other run", node)]
+        assert other["ok"] and other["warning"] and "of another cluster" in other["message"], other
+    taken = checks[("master port", "node0")]
+    assert not taken["ok"] and f"port {taken_port} is in use" in taken["message"], taken
+    code, stdout, err = cli(capsys, *launch, "--master-port", str(taken_port + 7))
+    reply = json.loads(stdout)
+    assert code == 0, (reply["message"], [c for c in reply["checks"] if not c["ok"]], err)
+    theirs = runs.RunRecord.from_dict(reply["run"])
+    others.append((theirs, lb.cluster_yaml))
+    wait_for(lambda: train_rows(theirs), 300, "a train line of the other cluster's run")
+    code, stdout, _ = cli(capsys, "--config", str(lb.cluster_yaml), "runs", "--json")
+    assert [r["id"] for r in json.loads(stdout)] == [theirs.id]
+    return theirs, lb.cluster_yaml
 
 
 def test_resume_profile_forces_resume_and_takes_changes():
