@@ -329,6 +329,60 @@ def _env_file(path: str) -> dict:
     return {"exists": True, "values": values, "errors": bad}
 
 
+BUILDERS = frozenset({"ninja", "cc1plus", "c++", "g++", "gcc", "cc", "nvcc", "cicc", "ptxas",
+                      "ld"})
+"""Processes that show a torch C++/CUDA extension build is under way on this node."""
+
+
+def _extension_roots(explicit: str | None) -> list[str]:
+    """Where torch builds JIT extensions (DeepSpeed's ops): TORCH_EXTENSIONS_DIR as the launch
+    sets it (or as this node's environment has it), else torch's default under the cache dir,
+    ``~/.cache/torch_extensions/py311_cpu``-like (every such folder)."""
+    chosen = explicit or os.environ.get("TORCH_EXTENSIONS_DIR")
+    if chosen:
+        return [os.path.expanduser(chosen)]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    base = os.path.join(cache, "torch_extensions")
+    try:
+        return [os.path.join(base, d) for d in sorted(os.listdir(base))
+                if os.path.isdir(os.path.join(base, d))]
+    except OSError:
+        return []
+
+
+def _building() -> list[str]:
+    """The build tools running on this node (``ninja (pid 123)``)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name in BUILDERS:
+            found.append(f"{name} (pid {entry})")
+    return found
+
+
+def _extension_locks(explicit: str | None) -> dict:
+    """torch's JIT build locks (``<root>/<extension>/lock``, made with O_EXCL and removed when
+    the build ends: a build killed midway leaves it, and every later process that loads the
+    extension waits on it for ever). Each with its age; and the build tools running now."""
+    locks = []
+    for root in _extension_roots(explicit):
+        try:
+            names = sorted(os.listdir(root))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(root, name, "lock")
+            with contextlib.suppress(OSError):
+                locks.append({"path": path, "age_s": round(time.time() - os.stat(path).st_mtime)})
+    return {"locks": locks, "building": _building() if locks else []}
+
+
 def _checkpoint(directory: str) -> dict | None:
     """FunASR's ``model.pt`` in output_dir (None: none), with the epoch and step of the newest
     ``model.pt.ep{E}`` / ``model.pt.ep{E}.{step}`` beside it (model.pt is a copy of it)."""
@@ -370,6 +424,7 @@ def inspect(args: dict) -> dict:
         "port_error": _port_free(args["port"]) if args.get("port") else None,
         "env_file": _env_file(args["env_file"]) if args.get("env_file") else None,
         "runs": scan(args),
+        "extension_locks": _extension_locks(args.get("extensions_dir")),
     }
     return out
 

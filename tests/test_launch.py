@@ -217,6 +217,35 @@ def test_preflight_names_every_failure_and_launch_refuses(lb2, tmp_path):
         launching.launch(pool, prep, tmp_path)
 
 
+def test_a_build_lock_left_by_a_killed_build_is_named_before_launch(lb2, tmp_path):
+    """torch's JIT build lock (``<TORCH_EXTENSIONS_DIR>/<op>/lock``), left by a rank killed
+    while it loaded DeepSpeed's op (seen here: every later run hung at start, in
+    FileBaton.wait, for good): old and with no build running, pre-flight fails on every node
+    and says which file to remove; a fresh one is a build under way (a warning); none, ok."""
+    lb, pool = lb2
+    extensions = tmp_path / "torch_extensions"
+    lock = extensions / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    profile = default_profile().replace("output_dir", str(lb.shared_dir / "out"))
+
+    def checks() -> dict[str, Check]:
+        prep = prepare(pool, profile, LaunchOptions(entry="cpu-wrapper",
+                                                    env={"TORCH_EXTENSIONS_DIR": str(extensions)}))
+        return {c.node: c for c in prep.checks if c.name == "build locks"}
+
+    fresh = checks()
+    assert set(fresh) == {"node0", "node1"}
+    assert all(c.ok and c.warning and str(lock) in c.message for c in fresh.values()), fresh
+    old = time.time() - 600
+    os.utime(lock, (old, old))
+    stale = checks()
+    assert all(not c.ok and f"rm {lock}" in c.message and "killed midway" in c.message
+               for c in stale.values()), stale
+    lock.unlink()
+    assert all(c.ok and not c.warning for c in checks().values())
+
+
 def test_plan_takes_each_nodes_nccl_env_from_setup(lb2, tmp_path):
     """What setup's nccl-env step writes on shared storage is what the launch sets on each node."""
     from console.bringup.catalog import CATALOG

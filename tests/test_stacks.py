@@ -223,6 +223,28 @@ def test_analysis_names_dataloader_and_save_and_missing_ranks() -> None:
     assert set(whys) == {2, 3, 4, 6}
 
 
+def test_every_rank_waiting_on_a_left_build_lock_is_named_with_the_fix() -> None:
+    """Seen on this machine: a rank killed while it loaded DeepSpeed's JIT-built comm op left
+    torch's build lock, and every later run's ranks waited in FileBaton.wait for good (these
+    are the frames py-spy dumped of one of them). All ranks wait there, none in a collective:
+    each is named, with the lock to remove."""
+    frames = [Frame("FileBaton.wait", "/venv/torch/utils/file_baton.py", 50),
+              Frame("_jit_compile", "/venv/torch/utils/cpp_extension.py", 2400),
+              Frame("load", "/venv/torch/utils/cpp_extension.py", 1927),
+              Frame("OpBuilder.jit_load", "/venv/deepspeed/ops/op_builder/builder.py", 613),
+              Frame("build_shm_op", "/venv/deepspeed/comm/torch.py", 51),
+              Frame("main", "/venv/funasr/bin/train_ds.py", 126)]
+    ranks = [RankStack(f"node{r}", r, 0, 100 + r, "S", cpu_s=0.0, frames=frames,
+                       last_log_age_s=900.0) for r in range(3)]
+    groups, suspects = analyse(ranks)
+    assert len(groups) == 1 and groups[0].collective is None
+    assert [s.rank for s in suspects] == [0, 1, 2]
+    assert suspects[1].why.startswith("rank 1 on node1 waits for torch's extension build lock "
+                                      "for 900 s (FileBaton.wait")
+    assert "<TORCH_EXTENSIONS_DIR>/<op>/lock" in suspects[1].why
+    assert "remove that lock file" in suspects[1].why
+
+
 def test_analysis_states_and_ties() -> None:
     stuck = RankStack("node2", 1, 0, 9, "D", wchan="nfs_wait_on_request", last_log_age_s=90.0)
     _, suspects = analyse([_collective(0, "node1"), stuck])

@@ -123,6 +123,9 @@ class NodeInfo:
     runs: list[dict[str, Any]] = field(default_factory=list)
     checkpoint: dict[str, Any] | None = None
     """FunASR's model.pt in output_dir: path, saved (mtime), name, epoch, step (None: none)."""
+    extension_locks: dict[str, Any] | None = None
+    """torch's JIT extension build locks there (``locks``: path and age_s each) and the build
+    tools running (``building``)."""
     ssh_client: str | None = None
     """The address this console connected from, as the node routes to it (SSH_CONNECTION)."""
 
@@ -132,14 +135,18 @@ class NodeInfo:
         return cls(node=node, **{k: v for k, v in reply.items() if k in known})
 
 
-def inspect_nodes(pool: Pool, profile: TrainingProfile, master_port: int) -> dict[str, NodeInfo]:
-    """Ask every node of the pool's cluster what the launch needs (in parallel)."""
+def inspect_nodes(pool: Pool, profile: TrainingProfile, master_port: int,
+                  env: Mapping[str, str] | None = None) -> dict[str, NodeInfo]:
+    """Ask every node of the pool's cluster what the launch needs (in parallel). ``env``: what
+    the launch adds to the training's environment (its TORCH_EXTENSIONS_DIR is looked at)."""
     cluster = pool.cluster
     data = [profile.train_data_set_list, profile.valid_data_set_list]
+    extensions = (env or {}).get("TORCH_EXTENSIONS_DIR")
     per_node = {
         node.name: {"node": node.name, "output_dir": profile.output_dir, "data": data,
                     "port": master_port if node.name == cluster.master_node.name else None,
-                    "env_file": nccl_env_file(cluster, node.name)}
+                    "env_file": nccl_env_file(cluster, node.name),
+                    "extensions_dir": extensions}
         for node in cluster.nodes
     }
     replies = node_calls(pool, "inspect", per_node, timeout=60)
@@ -428,11 +435,37 @@ def _node_checks(info: NodeInfo, profile: TrainingProfile, master: str,
                             f"it shares the machine's GPUs and CPUs", n, warning=True))
     else:
         checks.append(Check("no other run", True, "no svconsole run alive", n))
+    checks.append(extension_lock_check(info))
     env_errors = (info.env_file or {}).get("errors") or []
     if env_errors or (info.env_file or {}).get("error"):
         checks.append(Check("NCCL env file", False,
                             (info.env_file or {}).get("error") or "; ".join(env_errors), n))
     return checks
+
+
+STALE_LOCK_S = 120
+"""A torch extension build lock this old, with no build tool running, was left by a build that
+was killed (a build of DeepSpeed's CPU ops takes about 35 s; loading a built one, a second)."""
+
+
+def extension_lock_check(info: NodeInfo) -> Check:
+    """torch's JIT build lock left behind: every rank that loads the extension (DeepSpeed's
+    comm and optimizer ops) waits on it for ever, silently, in ``FileBaton.wait``."""
+    found = info.extension_locks or {}
+    locks, building = found.get("locks") or [], found.get("building") or []
+    if not locks:
+        return Check("build locks", True, "no torch extension build under way or left", info.node)
+    where = "; ".join(f"{lock['path']} ({lock['age_s']} s old)" for lock in locks)
+    if building or all(lock["age_s"] < STALE_LOCK_S for lock in locks):
+        running = ", ".join(building) or "a build started moments ago"
+        return Check("build locks", True, f"a torch extension build is under way ({running}): "
+                                          f"{where}; the ranks wait for it", info.node,
+                     warning=True)
+    return Check("build locks", False,
+                 f"{where}: a torch extension build was killed midway and left its lock, and "
+                 f"no build runs now. Every rank would wait on it for ever as it loads "
+                 f"DeepSpeed's ops (FileBaton.wait). Fix: remove the lock file (rm "
+                 f"{' '.join(shlex.quote(lock['path']) for lock in locks)})", info.node)
 
 
 def _same_versions(infos: Mapping[str, NodeInfo]) -> Check:
@@ -536,7 +569,8 @@ def prepare(pool: Pool, profile: TrainingProfile, options: LaunchOptions = Launc
             *, run_id: str | None = None) -> Preparation:
     """Inspect the nodes, build the plan and run every pre-flight check (seconds)."""
     cluster = network_view(pool)
-    infos = inspect_nodes(pool, profile, options.master_port or cluster.master_port)
+    infos = inspect_nodes(pool, profile, options.master_port or cluster.master_port,
+                          options.env)
     foreign = foreign_runs(pool, infos)
     checks = [c for info in infos.values()
               for c in _node_checks(info, profile, cluster.master_node.name, foreign)]

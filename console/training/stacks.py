@@ -9,9 +9,9 @@ The training never stops for it (see the node script).
 :func:`analyse` groups the ranks by their innermost Python frames. The largest group, preferring
 one in a collective (all_reduce, barrier, broadcast, all_gather, reduce_scatter, in torch's c10d,
 gloo, NCCL or DeepSpeed's comm wrappers), is what the run waits in; the ranks outside it are the
-suspects, each with why: stopped (state T), in uninterruptible I/O (D), in the DataLoader, in
-``torch.save``, elsewhere; a rank with no process, or on a node that could not be asked, is a
-suspect too. A rank in state T is a suspect wherever its stack is.
+suspects, each with why: stopped (state T), in uninterruptible I/O (D), waiting on torch's
+extension build lock (a killed build's, left behind), in the DataLoader, in ``torch.save``,
+elsewhere; a rank with no process, or on a node that could not be asked, is a suspect too. A rank in state T is a suspect wherever its stack is.
 
 :class:`StacksReport` is the answer, as JSON (``svconsole stacks --json``) and text, and the
 Stacks view of the TUI shows the same.
@@ -361,6 +361,12 @@ def _why(r: RankStack, majority: Group | None, fresh: bool = False) -> str | Non
                 f"on storage or a device{age}")
     if r.state in ("Z", "X", "gone"):
         return f"{who} has exited (state {r.state})"
+    if any(f.name.endswith("wait") and f.file.endswith("file_baton.py") for f in r.python_frames):
+        # every rank may wait here, the majority too: no collective is the norm then
+        return (f"{who} waits for torch's extension build lock{age} (FileBaton.wait: loading a "
+                f"JIT-built C++ op such as DeepSpeed's). A build killed midway leaves "
+                f"<TORCH_EXTENSIONS_DIR>/<op>/lock behind, and every rank waits on it for ever: "
+                f"if no build runs on {r.node} (ninja, c++), remove that lock file")
     if majority is None or fresh or r.key() == majority.key:
         return None
     if not r.frames:
