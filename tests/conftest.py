@@ -10,7 +10,8 @@ Loopback cluster (real OpenSSH sshd processes on 127.0.1.x, see console/ssh/loop
 - ``fresh_loopback`` (function scope): a factory ``fresh_loopback(n=2, banner_nodes=()) ->
   LoopbackCluster`` for a private cluster, already up, stopped after the test.
 
-Every test also gets a private ``SVCONSOLE_STATE_DIR``.
+Every test also gets a private ``SVCONSOLE_STATE_DIR``, and the session a TORCH_EXTENSIONS_DIR
+of its Python environment's own (unless one is set).
 
 Every sshd is stopped at the end of the session, at interpreter exit if a teardown did not run,
 and by a watchdog process if pytest itself is killed. SSH tests are skipped only when no sshd binary is installed.
@@ -19,11 +20,23 @@ and by a watchdog process if pytest itself is killed. SSH tests are skipped only
 from __future__ import annotations
 
 import atexit
+import hashlib
+import os
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from console.ssh.loopback import LoopbackCluster, find_sshd
+
+# DeepSpeed's JIT-built CPU ops, kept between runs: one cache per Python environment. Two venvs
+# sharing one cache rebuild the op in turn (their torch include paths differ), under torch's
+# build lock, for half a minute each time; a rank killed then (a drill does) leaves the lock,
+# and every later run waits on it at start (pre-flight now names such a lock).
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(
+    Path.home() / ".cache" / "svconsole"
+    / f"torch_extensions-{hashlib.sha1(sys.prefix.encode()).hexdigest()[:8]}"))
 
 LOOPBACK_NODES = 4
 LOOPBACK_BANNER_NODES = (2,)

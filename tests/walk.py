@@ -24,7 +24,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 WALKTHROUGH = REPO / "docs" / "walkthrough.md"
-TORCH_EXTENSIONS = Path.home() / ".cache" / "svconsole" / "torch_extensions"
+TORCH_EXTENSIONS = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "svconsole"
+                                        / "torch_extensions"))
+"""DeepSpeed's op cache of the runs (tests/conftest.py sets one per Python environment)."""
 """DeepSpeed's JIT build cache, shared with tests/test_launch.py and the walkthrough."""
 
 _BLOCK = re.compile(r"^<!-- walk: (?P<name>[\w-]+) -->\n```sh\n(?P<code>.*?)^```$",
