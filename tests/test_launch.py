@@ -549,6 +549,12 @@ def test_launch_into_a_checkpoint_needs_a_choice_and_fresh_moves_it_aside(lb2, t
     prep = prepare(pool, profile, LaunchOptions(entry="cpu-wrapper"))
     [check] = [c for c in prep.checks if c.name == "checkpoint"]
     assert not check.ok and "model.pt.ep2.120: epoch 2, step 120" in check.message, check
+    for node in prep.plan.nodes:  # a run that trained there before, and finished
+        node.argv[:] = ["true"]
+    before = launching.launch(pool, prep, tmp_path, force=True)
+    deadline = time.monotonic() + 60
+    while runs.run_status(pool, before).state != "finished" and time.monotonic() < deadline:
+        time.sleep(0.3)
     fresh = prepare(pool, profile, LaunchOptions(entry="cpu-wrapper", checkpoint="fresh"))
     assert [c.ok for c in fresh.checks if c.name == "checkpoint"] == [True]
     for node in fresh.plan.nodes:
@@ -559,6 +565,10 @@ def test_launch_into_a_checkpoint_needs_a_choice_and_fresh_moves_it_aside(lb2, t
     assert sorted(p.name for p in aside.iterdir() if p.name.startswith("model")) == \
         ["model.pt", "model.pt.ep1", "model.pt.ep2.120"]
     assert not (out / "model.pt").exists() and (out / "svconsole-run.json").exists()
+    # the earlier run moved with its files: still finished, not lost
+    [moved] = [r for r in runs.load_index(tmp_path) if r.id == before.id]
+    assert moved.output_dir == str(aside) and moved.node("node0").log.startswith(f"{aside}/")
+    assert runs.run_status(pool, moved).state == "finished"
 
 
 # ---------------------------------------------------------------- the master's address

@@ -53,6 +53,7 @@ from console.training.runs import (
     own_identity,
     put_record,
     read_remote_record,
+    relocate_runs,
     run_dir,
     save_record,
     stop_run,
@@ -701,7 +702,8 @@ def launch(pool: Pool, prep: Preparation, state_dir: Path, *, force: bool = Fals
     record.identity = here.to_dict()
     master = prep.infos.get(plan.master)
     if plan.options.checkpoint == "fresh" and master is not None and master.checkpoint:
-        _move_aside(pool, plan)
+        aside = _move_aside(pool, plan)
+        relocate_runs(state_dir, pool.cluster, plan.output_dir, aside)
     try:
         _put_secrets(pool, plan, record)
         if plan.entry == "cpu-wrapper":

@@ -374,6 +374,29 @@ def index_record(record: RunRecord, state_dir: Path) -> None:
                  mode=0o600)  # it holds the run's environment, secrets included
 
 
+def relocate_runs(state_dir: Path, cluster: Cluster, old: str, new: str) -> list[str]:
+    """A launch with ``--fresh`` moved output_dir ``old`` aside to ``new``: the indexed runs of
+    this cluster that were in it are pointed at their files' new place (log, pid and exit files),
+    so that a finished run stays finished rather than lost. Returns their ids."""
+    old, new = old.rstrip("/"), new.rstrip("/")
+    here = identity(cluster)
+
+    def moved(path: str) -> str:
+        return new + path[len(old):] if path == old or path.startswith(old + "/") else path
+
+    done = []
+    for record in load_index(state_dir):
+        if record.output_dir.rstrip("/") != old or foreign_reason(record, cluster, here):
+            continue
+        record.output_dir = new
+        for node in record.nodes:
+            node.log, node.pid_file = moved(node.log), moved(node.pid_file)
+            node.exit_file = moved(node.exit_file)
+        index_record(record, state_dir)
+        done.append(record.id)
+    return done
+
+
 def load_index(state_dir: Path) -> list[RunRecord]:
     """Records in the local index, newest first; unreadable files, and records that
     :func:`check_record` refuses or that are not in the file their id names, are skipped."""
