@@ -402,7 +402,30 @@ def _checkpoint(directory: str) -> dict | None:
             if newest is None or when > newest[0]:
                 newest = (when, name, int(m[1]), int(m[2]) if m[2] else None)
     return {"path": path, "saved": saved, "name": newest[1] if newest else None,
-            "epoch": newest[2] if newest else None, "step": newest[3] if newest else None}
+            "epoch": newest[2] if newest else None, "step": newest[3] if newest else None,
+            "incomplete": _incomplete(path, os.path.join(directory, newest[1]) if newest
+                                      else None)}
+
+
+def _incomplete(path: str, copy_of: str | None) -> list[str]:
+    """Files of a DeepSpeed ``model.pt`` directory that a cut-short save or copy left behind:
+    empty, or of another size than the same file in the newest ``model.pt.ep*`` (FunASR
+    saves that, then copies it to model.pt; a stop during the copy leaves model.pt broken, and
+    the resume fails with ``EOFError: Ran out of input``)."""
+    if not os.path.isdir(path):
+        return []
+    out = []
+    for name in sorted(os.listdir(path)):
+        with contextlib.suppress(OSError):
+            size = os.stat(os.path.join(path, name)).st_size
+            other = None
+            if copy_of is not None and os.path.isdir(copy_of):
+                with contextlib.suppress(OSError):
+                    other = os.stat(os.path.join(copy_of, name)).st_size
+            if size == 0 or (other is not None and other != size):
+                out.append(f"{name} is {size} bytes" + (f", {os.path.basename(copy_of)}'s "
+                                                        f"{other}" if other is not None else ""))
+    return out
 
 
 def inspect(args: dict) -> dict:

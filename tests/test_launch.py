@@ -571,6 +571,35 @@ def test_launch_into_a_checkpoint_needs_a_choice_and_fresh_moves_it_aside(lb2, t
     assert runs.run_status(pool, moved).state == "finished"
 
 
+def test_a_model_pt_cut_short_by_a_stop_is_named_before_a_resume(lb2, tmp_path):
+    """Seen in CI: the walkthrough's stop came while FunASR copied model.pt.ep12 to model.pt,
+    and the resume failed with EOFError: Ran out of input. The nodes compare model.pt's files
+    with the newest model.pt.ep*: an empty or shorter one fails the checkpoint check, naming
+    the file and the copy that mends it; --fresh moves it aside as usual."""
+    lb, pool = lb2
+    out = lb.shared_dir / "out"
+    for name, sizes in (("model.pt.ep12", (7381, 7364)), ("model.pt", (0, 7364))):
+        (out / name).mkdir(parents=True)
+        for file, size in zip(("mp_rank_00_model_states.pt",
+                               "zero_pp_rank_0_mp_rank_00_optim_states.pt"), sizes, strict=True):
+            (out / name / file).write_bytes(b"x" * size)
+    profile = default_profile().replace("output_dir", str(out)) \
+        .replace("train_conf.use_deepspeed", False).replace("train_conf.resume", True)
+
+    def check(choice: str) -> Check:
+        prep = prepare(pool, profile, LaunchOptions(entry="cpu-wrapper", checkpoint=choice))
+        (found,) = [c for c in prep.checks if c.name == "checkpoint"]
+        return found
+
+    broken = check("resume")
+    assert not broken.ok and "model.pt is incomplete (mp_rank_00_model_states.pt is 0 bytes, " \
+        "model.pt.ep12's 7381)" in broken.message, broken
+    assert f"cp -a {out}/model.pt.ep12/. {out}/model.pt/" in broken.message
+    assert not check("refuse").ok and check("fresh").ok
+    (out / "model.pt" / "mp_rank_00_model_states.pt").write_bytes(b"x" * 7381)  # mended
+    assert check("resume").ok
+
+
 # ---------------------------------------------------------------- the master's address
 
 

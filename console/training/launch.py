@@ -619,6 +619,16 @@ def checkpoint_check(checkpoint: Mapping[str, Any] | None, profile: TrainingProf
             return Check("checkpoint", False, f"{out} holds no model.pt: nothing to resume")
         return Check("checkpoint", True, f"{out} holds no checkpoint: the run starts anew")
     what = checkpoint_text(checkpoint)
+    broken = checkpoint.get("incomplete") or []
+    if broken and options.checkpoint != "fresh":
+        source = checkpoint.get("name")
+        fix = (f"copy {source} over it (cp -a {shlex.quote(f'{out}/{source}')}/. "
+               f"{shlex.quote(f'{out}/model.pt')}/) to resume, or " if source else "")
+        return Check("checkpoint", False,
+                     f"{out} holds {what}, but model.pt is incomplete ({'; '.join(broken)}): "
+                     f"a save or its copy was cut short (a stop during it). FunASR would fail "
+                     f"to resume from it (EOFError: Ran out of input). Fix: {fix}launch "
+                     f"--fresh")
     if options.checkpoint == "fresh":
         return Check("checkpoint", True, f"{out} holds {what}: it is moved aside to "
                                          f"{out}.<launch time> and the run starts anew")
