@@ -936,8 +936,8 @@ class TrainingScreen(ConsoleScreen):
             self.notify("no running run to stop", severity="warning")
             return
         nodes = ", ".join(n.node for n in record.nodes)
-        question = (f"Stop run {record.id} on {nodes}? SIGTERM to every process group, "
-                    f"SIGKILL after {self.stop_grace:g} s.")
+        question = (f"Stop run {record.id} on {nodes}? SIGTERM to every process group (after a "
+                    f"checkpoint save in progress), SIGKILL after {self.stop_grace:g} s.")
 
         def answered(yes: bool | None) -> None:
             if yes:
@@ -959,6 +959,14 @@ class TrainingScreen(ConsoleScreen):
         bad = [f"{n}: {r.error or 'left ' + ', '.join(map(str, r.remaining))}"
                for n, r in message.results.items() if not r.ok]
         killed = sum(len(r.killed) for r in message.results.values())
+        cut = [n for n, r in message.results.items() if r.save_cut]
+        waited = max((r.save_waited or 0.0 for r in message.results.values()), default=0.0)
+        if cut:
+            self.notify(f"run {message.run_id}: the checkpoint save on {', '.join(cut)} was "
+                        f"still going after {waited:g} s; model.pt may be cut short (a resume's "
+                        "pre-flight checks it)", severity="warning", timeout=20)
+        elif waited:
+            self.notify(f"waited {waited:g} s for the checkpoint save in progress")
         if bad:
             self.notify(f"run {message.run_id} not fully stopped: " + "; ".join(bad),
                         severity="error", timeout=20)

@@ -588,8 +588,76 @@ def _wait_gone(args: dict, seconds: float) -> list[int]:
     return left
 
 
+SAVE_STARTED = b"Save checkpoint: "
+SAVE_DONE = b"Checkpoint saved to "
+SAVE_TAIL = 1 << 20
+
+
+def _saving(args: dict) -> bool:
+    """Whether this node's ranks are inside FunASR's ``save_checkpoint``: the log (from this
+    run's start in it) has a ``Save checkpoint:`` line after its last ``Checkpoint saved to``.
+    DeepSpeed's save ends in a barrier, so one rank's "saved" line means every rank's files
+    are written."""
+    try:
+        with open(args["log"], "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(int(args.get("log_offset") or 0), size - SAVE_TAIL)
+            f.seek(start)
+            tail = f.read()
+    except (OSError, KeyError, TypeError, ValueError):
+        return False
+    began = tail.rfind(SAVE_STARTED)
+    return began >= 0 and tail.rfind(SAVE_DONE) < began
+
+
+SAVE_STALL = 60.0
+
+
+def _save_progress(args: dict) -> tuple:
+    """What a save in progress changes: the log's size and the checkpoint files' sizes and
+    times in output_dir (``model.pt*``, one level into DeepSpeed's tag directories)."""
+    seen: list = []
+    with contextlib.suppress(OSError):
+        seen.append(os.stat(args["log"]).st_size)
+    out = args.get("output_dir")
+    with contextlib.suppress(OSError, TypeError):
+        for entry in os.scandir(out):
+            if not entry.name.startswith(("model.pt", "latest")):
+                continue
+            with contextlib.suppress(OSError):
+                items = os.scandir(entry.path) if entry.is_dir(follow_symlinks=False) else [entry]
+                for item in items:
+                    st = item.stat(follow_symlinks=False)
+                    seen.append((item.path, st.st_size, st.st_mtime_ns))
+    return tuple(seen)
+
+
+def _wait_saved(args: dict, seconds: float) -> dict | None:
+    """Before a stop: wait up to ``seconds`` for a checkpoint save in progress to end (a
+    SIGTERM inside it leaves model.pt cut short and the resume fails), and no longer than
+    SAVE_STALL seconds once nothing moves (a rank frozen inside the save's barrier). None: no
+    save was in progress; else how long it waited and whether the save was still going
+    (``cut``, with ``stalled`` when nothing moved)."""
+    if seconds <= 0 or not _saving(args):
+        return None
+    started = time.monotonic()
+    deadline = started + seconds
+    progress, moved = _save_progress(args), started
+    while _saving(args) and _left(args) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = _save_progress(args)
+        if now != progress:
+            progress, moved = now, time.monotonic()
+        elif time.monotonic() - moved > float(args.get("save_stall", SAVE_STALL)):
+            break
+    cut = _saving(args) and bool(_left(args))
+    return {"waited": round(time.monotonic() - started, 2), "cut": cut,
+            "stalled": cut and time.monotonic() < deadline}
+
+
 def stop(args: dict) -> dict:
     pgid = args["pid"] if is_supervisor(args) else None  # never a pid a record merely names
+    save = _wait_saved(args, float(args.get("save_wait", 0)))
     first = _left(args)
     _signal_all(pgid, first, signal.SIGTERM)
     left = _wait_gone(args, float(args.get("grace", 20)))
@@ -604,7 +672,7 @@ def stop(args: dict) -> dict:
         write_json(args["exit_file"], {"code": -signal.SIGKILL if killed else None,
                                        "stop_signal": signal.SIGKILL if killed else signal.SIGTERM,
                                        "ended": time.time()})
-    return {"terminated": first, "killed": killed, "remaining": left}
+    return {"terminated": first, "killed": killed, "remaining": left, "save": save}
 
 
 def scan(args: dict) -> list[dict]:

@@ -8,12 +8,14 @@ same path is in tests/test_launch.py.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -338,6 +340,119 @@ def test_stop_kills_every_process_on_every_node(cluster2, pools, tmp_path):
     status = runs.run_status(pool, record)
     assert status.state == "stopped"
     assert {s.stop_signal for s in status.nodes.values()} == {signal.SIGKILL}
+
+
+SAVER = textwrap.dedent("""
+    import os, signal, sys, time
+    out, gate = sys.argv[1], sys.argv[2]
+    node = os.environ["SVCONSOLE_NODE"]
+    def on_term(signum, frame):
+        with open(f"{out}/{node}.events", "a") as f:
+            f.write("sigterm\\n")
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, on_term)
+    print("[2026-12-01 09:15:50,834][root][INFO] - Save checkpoint: 1, rank: 0", flush=True)
+    while os.path.exists(gate):  # FunASR's save_checkpoint, as long as the test holds the gate
+        time.sleep(0.05)
+    with open(f"{out}/{node}.events", "a") as f:
+        f.write("saved\\n")
+    print(f"[2026-12-01 09:15:50,958][root][INFO] - Checkpoint saved to {out}/model.pt.ep1",
+          flush=True)
+    time.sleep(600)
+""")
+
+
+def saver_plan(cluster, out: Path, gate: Path) -> Preparation:
+    """A plan whose program on both nodes is inside a checkpoint save while ``gate`` exists."""
+    prep = dummy_plan(None, cluster, out, steps=0)
+    for n in prep.plan.nodes:
+        n.argv = [sys.executable, "-c", SAVER, str(out), str(gate)]
+    return prep
+
+
+def wait_for(what, timeout: float = 60, step: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while not (found := what()) and time.monotonic() < deadline:
+        time.sleep(step)
+    return found
+
+
+def node_stop_running(run_id: str) -> bool:
+    """The node script's stop for ``run_id`` is running on this machine (a loopback node)."""
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            if len(argv) >= 4 and argv[2] == b"stop" and run_id.encode() in \
+                    base64.b64decode(argv[3] + b"==="):
+                return True
+    return False
+
+
+def test_a_stop_waits_for_the_checkpoint_save_in_progress(cluster2, pools, tmp_path, capsys,
+                                                          monkeypatch):
+    """Seen in CI: a stop during FunASR's checkpoint save left model.pt cut short, and the
+    resume died with EOFError. The stop now waits for the ``Checkpoint saved to`` line; with
+    --save-wait it gives up, says so, and the save is cut."""
+    from console.cli import main
+
+    lb, cluster = cluster2
+    pool = Pool(cluster)
+    pools.append(pool)
+    out = lb.shared_dir / "out"
+    gate = tmp_path / "gate"
+    gate.touch()
+    record = launch(pool, saver_plan(cluster, out, gate), tmp_path)
+    events = {n.name: out / f"{n.name}.events" for n in cluster.nodes}
+    logs = [Path(n.log) for n in record.nodes]
+
+    def relaunch(saves: int) -> runs.RunRecord:
+        """A new run inside its save (the ``saves``-th in the logs, which runs append to)."""
+        for p in events.values():
+            p.unlink()
+        again = launch(pool, saver_plan(cluster, out, gate), tmp_path)
+        assert wait_for(lambda: all(p.read_bytes().count(b"Save checkpoint") == saves
+                                    for p in logs))
+        return again
+    try:
+        assert wait_for(lambda: all(p.exists() and b"Save checkpoint" in p.read_bytes()
+                                    for p in logs))
+        stopping: dict = {}
+        stopper = threading.Thread(target=lambda: stopping.update(
+            runs.stop_run(pool, record, grace=5)))
+        stopper.start()
+        assert wait_for(lambda: node_stop_running(record.id))
+        # the stop is on the nodes; while the save goes on, no rank gets a SIGTERM
+        assert not wait_for(lambda: any(p.exists() for p in events.values()), timeout=2)
+        assert stopper.is_alive()
+        gate.unlink()
+        stopper.join(120)
+        assert not stopper.is_alive()
+        for name, r in stopping.items():
+            assert r.ok and r.save_waited is not None and r.save_waited > 2 and not r.save_cut, r
+            assert events[name].read_text().split() == ["saved", "sigterm"], name
+        assert runs.run_status(pool, record).state == "stopped"
+
+        # a save that does not end in --save-wait: the stop goes ahead and says so
+        monkeypatch.setenv("SVCONSOLE_STATE_DIR", str(tmp_path))
+        gate.touch()
+        record = relaunch(2)
+        capsys.readouterr()
+        assert main(["--config", str(lb.cluster_yaml), "stop", record.id, "--yes",
+                     "--save-wait", "1"]) == 0
+        printed = capsys.readouterr().out
+        assert printed.count("STILL SAVING after") == 2, printed
+        assert all(p.read_text().split() == ["sigterm"] for p in events.values())
+        assert main(["--config", str(lb.cluster_yaml), "stop", record.id, "--yes", "--now",
+                     "--save-wait", "1"]) == 2
+
+        # a save in which nothing moves (a rank frozen in its barrier) is not waited out
+        record = relaunch(3)
+        stopped = runs.stop_run(pool, record, grace=5, save_wait=600, save_stall=1)
+        assert all(r.ok and r.save_cut and r.save_stalled and r.save_waited < 300
+                   for r in stopped.values()), stopped
+    finally:
+        gate.unlink(missing_ok=True)
+        runs.stop_run(pool, record, grace=1, save_wait=0)
 
 
 def test_unknown_run_is_named(tmp_path):

@@ -626,30 +626,52 @@ class StopResult:
     killed: list[int] = field(default_factory=list)
     remaining: list[int] = field(default_factory=list)
     error: str | None = None
+    save_waited: float | None = None
+    """Seconds the stop waited for a checkpoint save in progress on the node (None: none was)."""
+    save_cut: bool = False
+    """The save was still going when the wait ended: model.pt may be cut short."""
+    save_stalled: bool = False
+    """... because nothing of it moved for a minute (a rank frozen inside the save)."""
 
     @property
     def ok(self) -> bool:
         return self.error is None and not self.remaining
 
 
-def stop_run(pool: Pool, record: RunRecord, *, grace: float = 20.0) -> dict[str, StopResult]:
+SAVE_WAIT = 300.0
+"""How long a stop waits, by default, for a checkpoint save in progress to end."""
+
+
+def stop_run(pool: Pool, record: RunRecord, *, grace: float = 20.0,
+             save_wait: float = SAVE_WAIT, save_stall: float = 60.0) -> dict[str, StopResult]:
     """SIGTERM every node's process group and every process of the run, SIGKILL what is left
     after ``grace`` seconds, and check that every rank is gone on every node (in parallel).
+    A node whose ranks are saving a checkpoint (FunASR's ``Save checkpoint:`` line without
+    its ``Checkpoint saved to``) is signalled once the save ends, or after ``save_wait``
+    seconds (0: at once), or once nothing of the save moved for ``save_stall`` seconds: a
+    SIGTERM in the middle leaves a model.pt the resume cannot load.
     Raises :class:`ForeignRun` (nothing signalled) for a run of another cluster."""
     check_own(record, pool.cluster, own_identity(pool))
-    per_node = {n.node: {**node_args(record, n), "grace": grace} for n in record.nodes}
-    replies = node_calls(pool, "stop", per_node, timeout=grace + 60)
+    per_node = {n.node: {**node_args(record, n), "grace": grace, "save_wait": save_wait,
+                         "save_stall": save_stall, "log_offset": n.log_offset,
+                         "output_dir": record.output_dir}
+                for n in record.nodes}
+    replies = node_calls(pool, "stop", per_node, timeout=save_wait + grace + 60)
     out = {}
     for name, reply in replies.items():
         if isinstance(reply, Exception):
             out[name] = StopResult(name, error=str(reply))
         else:
-            out[name] = StopResult(name, reply["terminated"], reply["killed"], reply["remaining"])
+            save = reply.get("save") or {}
+            out[name] = StopResult(name, reply["terminated"], reply["killed"], reply["remaining"],
+                                   save_waited=save.get("waited"), save_cut=bool(save.get("cut")),
+                                   save_stalled=bool(save.get("stalled")))
     return out
 
 
 __all__ = [
     "ForeignRun", "NodeCallError", "NodeRun", "NodeState", "RECORD_NAME", "RunNotFound",
+    "SAVE_WAIT",
     "RunRecord", "RunState", "RunStatus", "StopResult", "check_own", "find_record", "find_runs",
     "foreign_reason", "load_index",
     "new_run_id", "node_call", "resolve_run", "node_calls", "node_command", "node_stream", "run_status",
