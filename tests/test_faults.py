@@ -605,6 +605,90 @@ def test_oom_evidence_from_a_nodes_kernel_log(loopback) -> None:  # type: ignore
     assert "not readable" in refused.summary() and "node0" in refused.summary()
 
 
+OOM_WORKER = """
+import sys, time
+print("worker up", flush=True)
+held = []
+while True:  # a step's allocations, written page by page, some kept (as a leak would)
+    held.append(b"\\1" * (2 << 20))
+    del held[:-8]
+    time.sleep(0.05)
+"""
+
+
+def test_a_rank_killed_by_the_oom_killer_is_named_with_the_kernels_lines(loopback, tmp_path):
+    """A real OOM kill: the rank of a real torchrun on node1 is moved into a memory cgroup of
+    16 MiB and the kernel kills it. The followed run's finding names node1 and rank 0 from
+    torchrun's summary (exitcode -9), and the watch adds the kernel's own line for the pid
+    (``Killed process PID``) without being asked."""
+    import sys
+    import time
+
+    from oomkill import MemoryCage, needs_memory_cgroup
+    from walk import rank_pid, run_pids, wait_until
+
+    from console.cluster.model import load_cluster
+    from console.ssh.pool import Pool
+    from console.training import runs
+    from console.training.follow import RunFollower
+    from console.training.launch import LaunchPlan, NodePlan, Preparation, launch
+    from console.training.profile import default_profile
+
+    needs_memory_cgroup()
+    cluster = load_cluster(loopback.cluster_yaml)
+    node = cluster.nodes[1]
+    out = loopback.shared_dir / f"oom-{tmp_path.name}"
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    argv = [torchrun, "--standalone", "--nproc-per-node", "1", "--no-python", sys.executable,
+            "-c", OOM_WORKER]
+    plan = LaunchPlan(runs.new_run_id(), cluster.name, node.name, node.host, 29500, str(out),
+                      "train_ds", [], [NodePlan(node.name, node.host, 0, 1, argv,
+                                                {"PYTHONUNBUFFERED": "1"}, str(out),
+                                                f"{out}/logs/{node.name}.log")])
+    with Pool(cluster) as pool:
+        record = launch(pool, Preparation({}, plan, [], default_profile().replace(
+            "output_dir", str(out))), tmp_path)
+        follower = RunFollower(pool, record, interval=0.2)
+        told: list[bool] = []  # per update: did the subscribers' findings hold the kernel line
+        follower.subscribe(lambda update: told.append(any(
+            "Killed process" in e for f in follower.store.findings() for e in f.evidence)))
+        follower.start()
+        try:
+            wait_until(lambda: (Path(f"{out}/logs/{node.name}.log").exists() and "worker up" in
+                                Path(f"{out}/logs/{node.name}.log").read_text()), 120,
+                       "the worker up")
+            pid = rank_pid(record.id, 0)
+            with MemoryCage() as cage:
+                cage.put(pid)
+                killed_at = time.monotonic()
+
+                def named():
+                    return [f for f in follower.store.findings() if f.id == "host-oom-kill"
+                            and any(f"Killed process {pid}" in e for e in f.evidence)]
+
+                [found] = wait_until(named, 60, "the OOM finding with the kernel's line")
+            named_s = time.monotonic() - killed_at
+            assert (found.node, found.rank) == (node.name, 0), found
+            assert f"(pid: {pid})" in found.evidence[0] or f"PID {pid}" in found.evidence[0]
+            assert f"kernel log of {node.name} (" in found.detail and \
+                f"): the kernel's OOM killer killed pid {pid} (" in found.detail, found.detail
+            print(f"OOM kill named in {named_s:.1f} s: {found.detail[:200]}")
+            # the subscribers (the Training screen) are told, also after the run's end, when
+            # no line would bring an update
+            wait_until(lambda: any(told), 30, "an update with the kernel's line")
+            assert follower.wait(60), "the run ended"
+            told.clear()
+            assert follower.stall_watch is not None
+            follower.stall_watch.kernel_checked.clear()  # as if the read had come only now
+            assert follower.gather_evidence() == 1 and told == [True], told
+            # read once per rank: the next look does not ask the node again
+            assert follower.gather_evidence() == 0
+        finally:
+            follower.stop()
+            if run_pids(record.id):
+                runs.stop_run(pool, record, grace=1, save_wait=0)
+
+
 def test_the_metrics_store_names_bad_losses_with_rank_and_step() -> None:
     """The store reads its lines through the scanner: a negative and a non-finite loss are
     findings with their rank and step, and a torchrun summary keeps its rank there too."""

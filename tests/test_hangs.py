@@ -10,6 +10,9 @@ CPU), launched through ``svconsole launch`` and followed as the Training screen 
    the run goes on.
 2. **slow rank**: rank 2 is stopped half of the time (SIGSTOP/SIGCONT every 0.25 s). The
    straggler detector names rank 2 on its node, and no other rank.
+3. **OOM kill** (last: it ends the run): rank 1 is moved into a memory cgroup of 16 MiB and
+   the kernel's OOM killer kills it. The host-oom-kill finding names rank 1 on its node, with
+   the kernel's ``Killed process PID`` line that the run's watch read from the node.
 
 Each drill's outcome and numbers are printed as one line (also without ``-s``).
 """
@@ -26,8 +29,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from oomkill import MemoryCage, needs_memory_cgroup
 from test_launch import _needs_training_stack, tiny_profile
-from walk import TORCH_EXTENSIONS, isolate_node_names, run_pids, wait_until
+from walk import TORCH_EXTENSIONS, isolate_node_names, rank_pid, run_pids, wait_until
 
 from console.cli import main
 from console.cluster.model import load_cluster
@@ -41,26 +45,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 EPOCHS = 2000
 """Far more than the drills need: the run is stopped at the end."""
-
-
-def rank_pid(run_id: str, rank: int) -> int:
-    """The pid of the run's rank process ``rank`` on this machine (its parent is torchrun, which
-    has no RANK in its environment)."""
-    def env(pid: int) -> dict[str, str]:
-        try:
-            raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            return {}
-        return dict(v.decode(errors="replace").split("=", 1) for v in raw if b"=" in v)
-
-    for pid in run_pids(run_id):
-        mine = env(pid)
-        if mine.get("RANK") != str(rank):
-            continue
-        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        if env(parent).get("RANK") != str(rank):
-            return pid
-    raise AssertionError(f"no process of rank {rank} of run {run_id}")
 
 
 class Steps:
@@ -189,6 +173,24 @@ def test_frozen_rank_and_slow_rank_are_named(fresh_loopback, tmp_path: Path,
                       + ", ".join(f"rank {r}: {v:+.0%}" for r, v in sorted(rel.items())
                                   if v is not None))
         assert rel[2] is not None and rel[2] > 0.1, rel
+
+        # 3. rank 1 killed by the kernel's OOM killer (its memory cgroup cut to 16 MiB): the
+        # finding names it, with the kernel's line for its pid, added by the watch unasked
+        needs_memory_cgroup()
+        victim = rank_pid(record.id, 1)
+        with MemoryCage() as cage:
+            cage.put(victim)
+            caged_at = time.monotonic()
+
+            def oom() -> list:
+                return [f for f in store.findings() if f.id == "host-oom-kill" and f.rank == 1
+                        and any(f"Killed process {victim}" in e for e in f.evidence)]
+
+            [killed] = wait_until(oom, 120, "an OOM finding naming rank 1 with the kernel's line")
+        oom_s = time.monotonic() - caged_at
+        assert killed.node == names[1], killed
+        report.append(f"drill OOM kill: rank 1 on {names[1]} named {oom_s:.0f} s after its memory "
+                      f"cgroup was cut to 16 MiB: {killed.detail[:200]}")
     finally:
         if duty is not None:
             duty.stop()

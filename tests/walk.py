@@ -128,6 +128,26 @@ def run_pids(run_id: str) -> list[int]:
     return sorted(found)
 
 
+def rank_pid(run_id: str, rank: int) -> int:
+    """The pid of the run's rank process ``rank`` on this machine (its parent is torchrun, which
+    has no RANK in its environment)."""
+    def env(pid: int) -> dict[str, str]:
+        try:
+            raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return {}
+        return dict(v.decode(errors="replace").split("=", 1) for v in raw if b"=" in v)
+
+    for pid in run_pids(run_id):
+        mine = env(pid)
+        if mine.get("RANK") != str(rank):
+            continue
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        if env(parent).get("RANK") != str(rank):
+            return pid
+    raise AssertionError(f"no process of rank {rank} of run {run_id}")
+
+
 def terminal_env(width: int, height: int, **env: str) -> dict[str, str]:
     """Environment for a program in a :class:`tmux.Tmux` terminal of that size. A tmux server
     started from pytest passes ``COLUMNS=80 LINES=24`` to its programs, and Textual (through

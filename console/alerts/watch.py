@@ -76,6 +76,7 @@ class RunWatch:
             self.dispatcher.send(self.engine.evaluate(self.conditions(), now))
             return None
         self.follower.wait(timeout=60)   # the last lines hold the cause
+        self.follower.gather_evidence()  # and a SIGKILL's cause is in the node's kernel log
         # The end says why the run ended (its first error finding, with the evidence); what
         # fired before is not "resolved" by the run's end, and a fault first seen in the last
         # lines is told by the end alert rather than paged on its own as well.

@@ -53,7 +53,16 @@ class KernelEvidence:
             return f"kernel log of {self.node} not readable: {self.error}"
         if not self.lines:
             return f"kernel log of {self.node} ({self.source}): no oom-kill lines"
-        return f"kernel log of {self.node} ({self.source}): {len(self.lines)} oom-kill line(s)"
+        count = f"{len(self.lines)} oom-kill line(s)"
+        if self.pid is not None and _names(self.lines[0], self.pid):
+            return (f"kernel log of {self.node} ({self.source}): the kernel's OOM killer killed "
+                    f"pid {self.pid} ({count})")
+        return f"kernel log of {self.node} ({self.source}): {count}"
+
+
+def _names(line: str, pid: int) -> bool:
+    """``line`` is the kernel's about ``pid`` (``Killed process PID``, ``pid=PID``)."""
+    return re.search(rf"(?:process |pid=){pid}\b", line) is not None
 
 
 def _script(reader: str) -> str:
@@ -97,9 +106,8 @@ def _ordered(lines: list[str], pid: int | None) -> tuple[str, ...]:
     lines = [line.rstrip() for line in lines if line.strip()]
     if pid is None:
         return tuple(lines[-MAX_LINES:])
-    mine = re.compile(rf"(?:process |pid=){pid}\b")
-    own = [line for line in lines if mine.search(line)][-MAX_LINES:]
-    rest = [line for line in lines if not mine.search(line)]
+    own = [line for line in lines if _names(line, pid)][-MAX_LINES:]
+    rest = [line for line in lines if not _names(line, pid)]
     room = MAX_LINES - len(own)
     return tuple(own + (rest[len(rest) - room:] if room > 0 else []))
 

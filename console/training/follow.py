@@ -225,8 +225,8 @@ class RunFollower:
         self.store = store if store is not None else MetricsStore()
         give_contexts(self.store, record)
         self.store.watch_run(record.created)
-        self.stall_watch = None if once or not diagnose_stalls else StallWatch(pool, record,
-                                                                               self.store)
+        self.stall_watch = None if once or not diagnose_stalls else StallWatch(
+            pool, record, self.store, on_change=self._watch_changed)
         """Diagnoses a run stall once seen (reachability, stacks: console.training.stacks)."""
         self.interval = interval
         self.max_events = max_events
@@ -236,6 +236,8 @@ class RunFollower:
         self.notices: list[tuple[str, str]] = []
         """Every notice so far (node, text)."""
         self._dropped = 0
+        self._poked = False
+        self._dispatch_done = False
         self._revision = 0
         self._subscribers: Subscribers[RunUpdate] = Subscribers("run update")
         self._stop = threading.Event()
@@ -269,6 +271,17 @@ class RunFollower:
             self.notices.append((node, text))
         self._wake.set()
 
+    def _watch_changed(self) -> None:
+        """The run's watch changed a finding (kernel evidence): the subscribers get an update,
+        from the dispatcher while it runs, else (the run over) from here."""
+        with self._lock:
+            dispatching = self._dispatcher is not None and not self._dispatch_done
+            self._poked = dispatching
+        if dispatching:
+            self._wake.set()
+        else:
+            self._update()
+
     @property
     def ended(self) -> bool:
         """Every node's log is complete (the run ended everywhere)."""
@@ -283,6 +296,12 @@ class RunFollower:
         if self.stall_watch is not None:
             self.stall_watch.start()
         return self
+
+    def gather_evidence(self) -> int:
+        """Now, on this thread: the evidence from beyond the logs that the run's watch adds
+        every few seconds (a SIGKILLed rank's kernel oom-kill lines); the number of nodes
+        asked. For a run's end, whose cause came in its last lines."""
+        return self.stall_watch.check_kernel_evidence() if self.stall_watch is not None else 0
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every log is complete (or followers stopped); True if the run ended."""
@@ -326,7 +345,8 @@ class RunFollower:
             finished = self._stop.is_set() or all(f.done for f in self.followers.values())
             states = {n: f.state for n, f in self.followers.items()}
             with self._lock:
-                changed = bool(self._pending or self._dropped or self._notices)
+                changed = bool(self._pending or self._dropped or self._notices or self._poked)
+                self._poked = False
             if changed or states != last_states or finished:
                 self._wake.clear()
                 self._update()
@@ -334,6 +354,11 @@ class RunFollower:
             if finished:
                 if self.ended:
                     self.store.run_ended()
+                with self._lock:  # a poke from now on updates by itself
+                    self._dispatch_done = True
+                    poked, self._poked = self._poked, False
+                if poked:
+                    self._update()
                 return
             time.sleep(self.interval)  # at most one update per interval
 

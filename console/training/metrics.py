@@ -377,6 +377,7 @@ class MetricsStore:
         self._diagnosis: tuple[float, str, int | None, str | None] | None = None
         self._timings = StepTimings(straggler_window)
         self._attached: dict[str, Finding] = {}
+        self._amended: dict[tuple[str, str | None, int | None], Callable[[Finding], Finding]] = {}
         self.revision = 0
         self._lock = threading.RLock()
         self._series: dict[str, Series] = {}
@@ -697,7 +698,9 @@ class MetricsStore:
         """Faults seen in the lines, plus what the detectors say now."""
         now = self.clock() if now is None else now
         with self._lock:
-            out = self._findings.findings()
+            out = [self._amended[(f.id, f.node, f.rank)](f)
+                   if (f.id, f.node, f.rank) in self._amended else f
+                   for f in self._findings.findings()]
             out += self._run_stall_findings(now)
             out += self._stall_findings(now)
             out += self._straggler_findings()
@@ -705,6 +708,15 @@ class MetricsStore:
             out += self._gpu_findings()
             out += self._attached.values()
             return out
+
+    def amend(self, fault_id: str, node: str | None, rank: int | None,
+              change: Callable[[Finding], Finding]) -> None:
+        """From now on, the finding of ``fault_id`` on ``node`` and ``rank`` that the lines
+        made is shown through ``change`` (evidence from beyond the log: the kernel's oom-kill
+        lines for a SIGKILL)."""
+        with self._lock:
+            self._amended[(fault_id, node, rank)] = change
+            self.revision += 1
 
     def attach(self, key: str, finding: Finding) -> None:
         """Keep a finding that a diagnosis made (the flight recorder's, after a watchdog

@@ -26,7 +26,7 @@ import re
 import shlex
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -514,20 +514,30 @@ def diagnose_stall(pool: Pool, record: RunRecord) -> tuple[str, Suspect | None]:
 #: The fault after which the ranks' flight recorder dumps are collected.
 WATCHDOG_FAULT = "nccl-watchdog-timeout"
 
+#: The fault whose node's kernel log is read for its oom-kill lines.
+OOM_FAULT = "host-oom-kill"
+
 
 class StallWatch:
     """Watches a followed run's store for a run stall and diagnoses each one once
     (:func:`diagnose_stall`, on this watch's thread); the result goes into the stall's finding
     (:meth:`MetricsStore.set_stall_diagnosis`). Once the run reports a watchdog timeout, it
     collects the flight recorder dumps of every node and attaches their analysis
-    (:mod:`console.training.flightrec`) as a finding."""
+    (:mod:`console.training.flightrec`) as a finding. A rank killed by SIGKILL gets its node's
+    kernel oom-kill lines added to its finding."""
 
     def __init__(self, pool: Pool, record: RunRecord, store: MetricsStore, *,
-                 interval: float = 5.0) -> None:
+                 interval: float = 5.0, on_change: Callable[[], None] | None = None) -> None:
         self.pool, self.record, self.store, self.interval = pool, record, store, interval
+        self.on_change = on_change
+        """Called after this watch changed a finding from beyond the lines (the run's
+        followers tell their subscribers: after the run's end no line would)."""
         self.diagnosed: list[tuple[RunStall, str]] = []
         self.flight_collected = False
         self.storage_checked = False
+        self.kernel_checked: set[tuple[str, int | None]] = set()
+        """(node, rank) of the host-oom-kill findings whose node's kernel log was read."""
+        self._kernel_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -538,6 +548,7 @@ class StallWatch:
         node writing its own checkpoints: nothing in the logs says so)."""
         self.check_storage()
         self.check_flight_recorder()
+        self.check_kernel_evidence()
         stall = self.store.run_stall()
         if stall is None or any(d.since == stall.since for d, _ in self.diagnosed):
             return None
@@ -577,6 +588,27 @@ class StallWatch:
         self.store.attach(flightrec.FLIGHT_RECORDER.id, flightrec.finding(self.record, dumps))
         return True
 
+    def check_kernel_evidence(self) -> int:
+        """For each new host-oom-kill finding (a rank killed by SIGKILL, or an allocation
+        refused), read its node's kernel log once (:func:`console.training.evidence.oom_evidence`,
+        without sudo: this runs unattended) and add its oom-kill lines, those naming the killed
+        pid first, to the finding. The number of kernel logs read."""
+        from console.training.evidence import killed_pid, oom_evidence, with_kernel_evidence
+
+        read = 0
+        with self._kernel_lock:
+            for f in self.store.findings():
+                if f.id != OOM_FAULT or f.node is None or (f.node, f.rank) in self.kernel_checked:
+                    continue
+                self.kernel_checked.add((f.node, f.rank))
+                evidence = oom_evidence(self.pool, f.node, pid=killed_pid(f), sudo=False)
+                self.store.amend(f.id, f.node, f.rank,
+                                 lambda g, e=evidence: with_kernel_evidence(g, e))
+                read += 1
+        if read and self.on_change is not None:
+            self.on_change()
+        return read
+
     def start(self) -> StallWatch:
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"svconsole-stall-{self.record.id}")
@@ -596,6 +628,6 @@ class StallWatch:
             self._thread.join(10)
 
 
-__all__ = ["Frame", "Group", "RankStack", "StacksReport", "StallWatch", "Suspect",
+__all__ = ["Frame", "Group", "OOM_FAULT", "RankStack", "StacksReport", "StallWatch", "Suspect",
            "WATCHDOG_FAULT", "analyse", "collective_of", "diagnose_stall", "placement", "pyspy_checks",
            "ranks_from_reply", "stepping", "take_stacks"]
