@@ -671,7 +671,7 @@ def test_a_rank_killed_by_the_oom_killer_is_named_with_the_kernels_lines(loopbac
             assert (found.node, found.rank) == (node.name, 0), found
             assert f"(pid: {pid})" in found.evidence[0] or f"PID {pid}" in found.evidence[0]
             assert f"kernel log of {node.name} (" in found.detail and \
-                f"): the kernel's OOM killer killed pid {pid} (" in found.detail, found.detail
+                f"Memory cgroup out of memory: Killed process {pid} (" in found.detail, found.detail
             print(f"OOM kill named in {named_s:.1f} s: {found.detail[:200]}")
             # the subscribers (the Training screen) are told, also after the run's end, when
             # no line would bring an update

@@ -55,8 +55,11 @@ class KernelEvidence:
             return f"kernel log of {self.node} ({self.source}): no oom-kill lines"
         count = f"{len(self.lines)} oom-kill line(s)"
         if self.pid is not None and _names(self.lines[0], self.pid):
-            return (f"kernel log of {self.node} ({self.source}): the kernel's OOM killer killed "
-                    f"pid {self.pid} ({count})")
+            said = next((m for line in self.lines if _names(line, self.pid) and (m := re.search(
+                r"(?:Memory cgroup o|O)ut of memory: Kill(?:ed)? process \d+ \([^)]*\)", line))),
+                None)
+            what = said[0] if said else f"the kernel's OOM killer killed pid {self.pid}"
+            return f"kernel log of {self.node} ({self.source}): {what} ({count})"
         return f"kernel log of {self.node} ({self.source}): {count}"
 
 
