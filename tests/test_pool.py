@@ -538,3 +538,17 @@ def test_output_that_arrives_with_the_eof_between_the_checks_is_read():
 
     process = _ChannelProcess("n", _LateChannel(b"last line\n@svcE eof\n"), lambda: None)
     assert b"".join(data for _fd, data in process.chunks(None)) == b"last line\n@svcE eof\n"
+
+
+def test_a_stream_cancelled_after_its_connection_dropped_ends_quietly(loopback) -> None:
+    """Seen in CI: Ctrl-C on ``logs --follow`` printed a traceback. The pool's connection was
+    gone (the ending closes the pool in the background), and cancelling the follower's stream
+    sent the channel's close over it: paramiko raised EOFError. Cancelling and closing a
+    stream whose connection is gone is quiet."""
+    with Pool(cluster_of(loopback)) as pool:
+        stream = pool.stream("node0", "echo started; sleep 30")
+        for line in stream:
+            if line.text == "started":
+                stream._process.channel.get_transport().sock.close()  # the connection drops
+                stream.cancel()
+        assert stream.error == "cancelled"

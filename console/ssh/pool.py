@@ -19,6 +19,7 @@ Local nodes (``Node.local``) run the same API through ``bash -c`` subprocesses.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -247,13 +248,19 @@ class _ChannelProcess(_Process):
         self.channel.shutdown_write()
 
     def kill(self) -> None:
-        self.channel.close()
+        self._close_channel()
 
     def close(self) -> None:
-        self.channel.close()
+        self._close_channel()
         if self._release is not None:
             self._release()
             self._release = None
+
+    def _close_channel(self) -> None:
+        """Close the channel; where its connection is already gone (paramiko then raises
+        EOFError or OSError sending the close), there is nothing left to close."""
+        with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
+            self.channel.close()
 
 
 class _LocalProcess(_Process):
