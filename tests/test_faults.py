@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from console.training.faults import (
     CATALOG,
+    CONSEQUENCES,
     LossWatch,
     ScanContext,
     Severity,
@@ -708,6 +709,29 @@ def test_the_metrics_store_names_bad_losses_with_rank_and_step() -> None:
     assert found[("loss-divergence", 0)].step == 15
     assert "step 15: loss inf" in found[("loss-divergence", 0)].detail
     assert ("host-oom-kill", 3) in found and found[("host-oom-kill", 3)].node == "node1"
+
+
+def test_a_rank_killed_reads_before_the_resets_it_brought_on_its_peers() -> None:
+    """Seen in the TUI after a real OOM kill of rank 1 (the logs of that run, from its last
+    step line on): node0 and node2 report "Connection reset by peer", node1's torchrun the
+    SIGKILL. The Faults pane (and the end alert, which takes the first error) put the killed
+    rank first, its peers' resets after it."""
+    from console.training.logparse import parse_lines
+    from console.training.metrics import MetricsStore
+
+    plan = {"master_addr": "127.0.1.1", "master_port": 24987,
+            "nodes": [{"node": f"node{i}", "host": f"127.0.1.{i + 1}", "node_rank": i,
+                       "nproc": 1} for i in range(3)]}
+    with MetricsStore() as store:
+        store.scan_contexts = scan_contexts(plan)
+        for i in range(3):
+            text = (FAULT_LOGS / "oom-kill-3-nodes" / f"node{i}.log").read_text()
+            store.add_all(parse_lines(text.splitlines()), node=f"node{i}")
+        errors = [(f.id, f.node, f.rank) for f in store.findings(now=0.0)
+                  if f.severity.value == "error"]
+    assert errors[0] == ("host-oom-kill", "node1", 1), errors
+    assert {("connection-reset", "node0", 0), ("connection-reset", "node2", 2)} <= set(errors)
+    assert all(e[0] in CONSEQUENCES for e in errors[1:]), errors
 
 
 def test_scan_contexts_from_a_launch_plan_give_global_ranks_and_roles() -> None:

@@ -817,10 +817,18 @@ class FindingCollector:
         return sorted(self._findings.values(), key=_finding_order)
 
 
-def _finding_order(f: Finding) -> tuple[int, int, int]:
-    """Errors first; among equals, catalog order (specific causes before ``job-failed``)."""
+#: Faults that one rank's death brings on the others (its peers' connections reset, their
+#: collectives fail, torchrun reports the exits): listed after the other errors, so that a
+#: rank killed by the OOM killer reads first, and its peers' resets after it.
+CONSEQUENCES = frozenset({"connection-reset", "nccl-remote-error", "worker-exit", "job-failed"})
+
+
+def _finding_order(f: Finding) -> tuple[int, int, int, int]:
+    """Errors first, their causes before their consequences (:data:`CONSEQUENCES`); among
+    equals, catalog order (specific causes before ``job-failed``)."""
     order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
-    return order[f.severity], _INDEX[f.id], f.line_no if f.line_no is not None else 0
+    return (order[f.severity], f.id in CONSEQUENCES, _INDEX[f.id],
+            f.line_no if f.line_no is not None else 0)
 
 
 _RANK_PREFIX = re.compile(r"\[rank(\d+)\]:")
