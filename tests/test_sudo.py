@@ -334,3 +334,23 @@ def test_node_without_sudo_is_told_so(users, clusters, tmp_path) -> None:
         assert "node0: the SSH user is not root and sudo is not installed there" in detail
     assert whoami == users.nosudo
     assert asked == []  # nobody is asked for a password sudo could never take
+
+
+def test_an_unattended_sudo_never_asks_for_the_password(users, clusters) -> None:
+    """The run's watch reads a SIGKILLed rank's kernel log with sudo only where sudo needs
+    no password: ``ask=False`` never calls the password provider (a toast or prompt while the
+    operator is away), and says why it did not run; passwordless sudo runs."""
+    asked: list[str] = []
+
+    def provider() -> str:
+        asked.append("?")
+        return PASSWORD
+
+    with Pool(load_cluster(clusters["pw"].cluster_yaml), sudo_password=provider) as pool:
+        result = pool.run("node0", "id -u", sudo=True, ask=False)
+        assert result.error == "sudo on node0 needs a password (not asked: unattended)"
+        assert asked == []
+        assert pool.run("node0", "id -u", sudo=True).stdout.strip() == "0" and asked == ["?"]
+    with Pool(load_cluster(clusters["nopw"].cluster_yaml), sudo_password=provider) as pool:
+        assert pool.run("node0", "id -u", sudo=True, ask=False).stdout.strip() == "0"
+    assert asked == ["?"]

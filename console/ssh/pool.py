@@ -882,7 +882,7 @@ class Pool:
         raise AssertionError("unreachable")
 
     def _command(self, peer: _Peer, cmd: str, env: dict[str, str] | None, sudo: bool,
-                 deadline: float | None) -> tuple[str, str | None]:
+                 deadline: float | None, *, ask: bool = True) -> tuple[str, str | None]:
         """The command line to send, and sudo's password when it needs one (asked only then)."""
         prefix = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
         if not sudo:
@@ -896,6 +896,8 @@ class Pool:
         if mode == "missing":
             raise _Failure(f"{peer.node.name}: the SSH user is not root and sudo is not "
                            f"installed there: root commands cannot run")
+        if not ask:
+            raise _Failure(f"sudo on {peer.node.name} needs a password (not asked: unattended)")
         password = self._sudo_password() if self._sudo_password is not None else None
         if not password:
             raise _Failure(f"sudo on {peer.node.name} needs a password and none was given")
@@ -965,8 +967,11 @@ class Pool:
         stdin: bytes | str | None = None,
         env: dict[str, str] | None = None,
         sudo: bool = False,
+        ask: bool = True,
     ) -> Result:
         """Run ``cmd`` on ``node`` (through the user's shell) and collect its output.
+        ``sudo``: as root (``ask=False``: only where that needs no password; a watch that runs
+        unattended must never put a password question to the operator).
 
         ``timeout`` covers connecting and running; at the deadline the channel is closed (a remote
         process that ignores the closed channel may go on running). Never raises for remote or
@@ -976,7 +981,7 @@ class Pool:
         deadline = None if timeout is None else time.monotonic() + timeout
         data = (stdin.encode() if isinstance(stdin, str) else stdin) or b""
         try:
-            command, password = self._command(peer, cmd, env, sudo, deadline)
+            command, password = self._command(peer, cmd, env, sudo, deadline, ask=ask)
         except _Failure as exc:
             return Result(node, None, "", "", 0.0, str(exc))
         if password is None:

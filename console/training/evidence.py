@@ -80,16 +80,17 @@ def _script(reader: str) -> str:
 
 
 def oom_evidence(pool: Pool, node: str, *, pid: int | None = None, timeout: float = 30.0,
-                 sudo: bool = True,
+                 sudo: bool = True, ask: bool = True,
                  readers: tuple[tuple[str, str], ...] = _READERS) -> KernelEvidence:
     """The OOM lines of ``node``'s kernel log (``pid``: the killed worker's, whose lines come
     first). Plain ``dmesg``, then ``journalctl -k``; then both with sudo (``sudo``: allowed to
-    try it; the pool asks for a password if sudo needs one). Never raises: what went wrong is
-    in ``error``. ``readers``: (name, shell command) pairs tried in order."""
+    try it; the pool asks for a password if sudo needs one, unless ``ask`` is False: then only
+    root and passwordless sudo). Never raises: what went wrong is in ``error``. ``readers``:
+    (name, shell command) pairs tried in order."""
     answers: list[str] = []
     for use_sudo in (False, True) if sudo else (False,):
         for name, reader in readers:
-            result = pool.run(node, _script(reader), timeout=timeout, sudo=use_sudo)
+            result = pool.run(node, _script(reader), timeout=timeout, sudo=use_sudo, ask=ask)
             label = f"{name} (sudo)" if use_sudo else name
             if result.error is not None:
                 answers.append(f"{label}: {result.error}")

@@ -590,9 +590,10 @@ class StallWatch:
 
     def check_kernel_evidence(self) -> int:
         """For each new host-oom-kill finding (a rank killed by SIGKILL, or an allocation
-        refused), read its node's kernel log once (:func:`console.training.evidence.oom_evidence`,
-        without sudo: this runs unattended) and add its oom-kill lines, those naming the killed
-        pid first, to the finding. The number of kernel logs read."""
+        refused), read its node's kernel log once (:func:`console.training.evidence.oom_evidence`;
+        with sudo only where it needs no password: this runs unattended) and add its oom-kill
+        lines, those naming the killed pid first, to the finding. The number of kernel logs
+        read."""
         from console.training.evidence import killed_pid, oom_evidence, with_kernel_evidence
 
         read = 0
@@ -601,7 +602,7 @@ class StallWatch:
                 if f.id != OOM_FAULT or f.node is None or (f.node, f.rank) in self.kernel_checked:
                     continue
                 self.kernel_checked.add((f.node, f.rank))
-                evidence = oom_evidence(self.pool, f.node, pid=killed_pid(f), sudo=False)
+                evidence = oom_evidence(self.pool, f.node, pid=killed_pid(f), ask=False)
                 self.store.amend(f.id, f.node, f.rank,
                                  lambda g, e=evidence: with_kernel_evidence(g, e))
                 read += 1
