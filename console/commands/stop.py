@@ -4,9 +4,10 @@ every node.
 SIGTERM goes to every node's process group and to every process of the run (torchrun gives each
 rank a session of its own); what is still alive after the grace period gets SIGKILL; then every
 node is checked for leftovers. A node whose ranks are saving a checkpoint is signalled once the
-save ends (at most --save-wait seconds; --now: at once), so that model.pt is whole for a resume. Asks for confirmation unless ``--yes``. RUN is a run id, a unique
-prefix of one, or ``latest``. Exit status: 0 stopped (or not running), 1 something is left or a
-node could not be reached, 2 unknown run or not confirmed.
+save ends (at most --save-wait seconds; --now: at once), so that model.pt is whole for a resume.
+Asks for confirmation unless ``--yes``. RUN is a run id, a unique prefix of one, or ``latest``.
+Exit status: 0 stopped (or not running), 1 something is left or a node could not be reached,
+2 unknown run or not confirmed.
 """
 
 from __future__ import annotations

@@ -54,13 +54,17 @@ class KernelEvidence:
         if not self.lines:
             return f"kernel log of {self.node} ({self.source}): no oom-kill lines"
         count = f"{len(self.lines)} oom-kill line(s)"
-        if self.pid is not None and _names(self.lines[0], self.pid):
-            said = next((m for line in self.lines if _names(line, self.pid) and (m := re.search(
-                r"(?:Memory cgroup o|O)ut of memory: Kill(?:ed)? process \d+ \([^)]*\)", line))),
-                None)
-            what = said[0] if said else f"the kernel's OOM killer killed pid {self.pid}"
+        own = [line for line in self.lines if _names(line, self.pid)] \
+            if self.pid is not None else []
+        if own:
+            said = next((m[0] for line in own if (m := _KILLED.search(line))), None)
+            what = said or f"the kernel's OOM killer killed pid {self.pid}"
             return f"kernel log of {self.node} ({self.source}): {what} ({count})"
         return f"kernel log of {self.node} ({self.source}): {count}"
+
+
+#: The kernel's line that names the process its OOM killer killed.
+_KILLED = re.compile(r"(?:Memory cgroup o|O)ut of memory: Kill(?:ed)? process \d+ \([^)]*\)")
 
 
 def _names(line: str, pid: int) -> bool:

@@ -640,10 +640,12 @@ class StopResult:
 
 SAVE_WAIT = 300.0
 """How long a stop waits, by default, for a checkpoint save in progress to end."""
+SAVE_STALL = 60.0
+"""... and how long once nothing of the save moves (the node script's own default too)."""
 
 
 def stop_run(pool: Pool, record: RunRecord, *, grace: float = 20.0,
-             save_wait: float = SAVE_WAIT, save_stall: float = 60.0) -> dict[str, StopResult]:
+             save_wait: float = SAVE_WAIT, save_stall: float = SAVE_STALL) -> dict[str, StopResult]:
     """SIGTERM every node's process group and every process of the run, SIGKILL what is left
     after ``grace`` seconds, and check that every rank is gone on every node (in parallel).
     A node whose ranks are saving a checkpoint (FunASR's ``Save checkpoint:`` line without
@@ -671,7 +673,7 @@ def stop_run(pool: Pool, record: RunRecord, *, grace: float = 20.0,
 
 __all__ = [
     "ForeignRun", "NodeCallError", "NodeRun", "NodeState", "RECORD_NAME", "RunNotFound",
-    "SAVE_WAIT",
+    "SAVE_STALL", "SAVE_WAIT",
     "RunRecord", "RunState", "RunStatus", "StopResult", "check_own", "find_record", "find_runs",
     "foreign_reason", "load_index",
     "new_run_id", "node_call", "resolve_run", "node_calls", "node_command", "node_stream", "run_status",
