@@ -189,8 +189,9 @@ def plan_text(plan: LaunchPlan | None, checks: list | tuple = ()) -> Text:
 
 class RunPicker(ConsoleModal):
     """Every run of this cluster as the last look found them (live, finished, failed, lost),
-    newest first, with its start time, nodes and last step (read from its log in a thread);
-    enter follows the one chosen, escape keeps the current one."""
+    newest first, with its start time, nodes and last step (read from its log in a thread, the
+    followed run's too: its follower may still be catching up with the log); enter follows the
+    one chosen, escape keeps the current one."""
 
     DEFAULT_CSS = """
     RunPicker { align: center middle; }
@@ -203,10 +204,13 @@ class RunPicker(ConsoleModal):
     BINDINGS = [Binding("escape", "dismiss_none", "Cancel", id="picker.cancel")]
 
     def __init__(self, pool, statuses: list[RunStatus], current: str | None,
-                 steps: dict[str, int | None]) -> None:
+                 seen: dict[str, int]) -> None:
         super().__init__()
         self.pool, self.statuses, self.current = pool, statuses, current
-        self.steps = dict(steps)
+        self.seen = dict(seen)
+        """Steps already seen (the followed run's store): the least a run's last step can be,
+        and what is shown when its log cannot be read."""
+        self.steps: dict[str, int | None] = {}
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -230,10 +234,10 @@ class RunPicker(ConsoleModal):
 
     @work(thread=True, exclusive=True, name="read the runs' last steps", exit_on_error=False)
     def read_steps(self) -> None:
-        steps = {st.record.id: self.steps.get(st.record.id) for st in self.statuses}
+        steps: dict[str, int | None] = {}
         for st in self.statuses:
-            if st.record.id not in self.steps:
-                steps[st.record.id] = last_step(self.pool, st)
+            read, seen = last_step(self.pool, st), self.seen.get(st.record.id)
+            steps[st.record.id] = seen if read is None else max(read, seen or 0)
         self.post_message(RunStepsRead(steps))
 
     @on(RunStepsRead)
@@ -984,11 +988,11 @@ class TrainingScreen(ConsoleScreen):
             self.notify("no runs found yet (u looks again)", severity="warning")
             return
         current = self.record.id if self.record is not None else None
-        steps = {}
+        seen = {}
         if self.store is not None and current is not None:
-            progress = self.store.progress()  # the followed run's own, when it has one
+            progress = self.store.progress()  # the followed run's, as far as it was read
             if progress.total_step:
-                steps[current] = progress.total_step
+                seen[current] = progress.total_step
 
         def chosen(run_id: str | None) -> None:
             status = next((s for s in self.statuses if s.record.id == run_id), None)
@@ -998,7 +1002,7 @@ class TrainingScreen(ConsoleScreen):
             self.follow(status.record, status.state)
             self.notify(f"following run {run_id} ({status.state})")
 
-        self.app.push_screen(RunPicker(self.console.pool, self.statuses, current, steps),
+        self.app.push_screen(RunPicker(self.console.pool, self.statuses, current, seen),
                              chosen)
 
     def action_stacks(self) -> None:
