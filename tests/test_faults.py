@@ -617,7 +617,8 @@ while True:  # a step's allocations, written page by page, some kept (as a leak 
 """
 
 
-def test_a_rank_killed_by_the_oom_killer_is_named_with_the_kernels_lines(loopback, tmp_path):
+def test_a_rank_killed_by_the_oom_killer_is_named_with_the_kernels_lines(loopback, tmp_path,
+                                                                          monkeypatch):
     """A real OOM kill: the rank of a real torchrun on node1 is moved into a memory cgroup of
     16 MiB and the kernel kills it. The followed run's finding names node1 and rank 0 from
     torchrun's summary (exitcode -9), and the watch adds the kernel's own line for the pid
@@ -684,6 +685,15 @@ def test_a_rank_killed_by_the_oom_killer_is_named_with_the_kernels_lines(loopbac
             assert follower.gather_evidence() == 1 and told == [True], told
             # read once per rank: the next look does not ask the node again
             assert follower.gather_evidence() == 0
+            # an operator who comes afterwards: `svconsole metrics RUN` has the kernel's word too
+            from console.cli import main as cli_main
+            out = tmp_path / "metrics.json"
+            monkeypatch.setenv("SVCONSOLE_STATE_DIR", str(tmp_path))  # where it was launched
+            assert cli_main(["--config", str(loopback.cluster_yaml), "metrics", record.id,
+                             "--json", str(out)]) == 1
+            [later] = [f for f in json.loads(out.read_text())["findings"]
+                       if f["id"] == "host-oom-kill"]
+            assert f"Memory cgroup out of memory: Killed process {pid} (" in later["detail"], later
         finally:
             follower.stop()
             if run_pids(record.id):

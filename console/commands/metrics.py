@@ -106,6 +106,7 @@ def handler(args: argparse.Namespace, ctx: Context) -> int:
 
 def _read_run(run: str, parsed: _Parsed, ctx: Context, *, keep_unparsed: bool) -> str | None:
     """Read a launched run's logs from its nodes; the error text, or None."""
+    from console.training.evidence import add_kernel_evidence
     from console.training.follow import FollowError, read_run
     from console.training.runs import RunNotFound, resolve_run
 
@@ -123,6 +124,7 @@ def _read_run(run: str, parsed: _Parsed, ctx: Context, *, keep_unparsed: bool) -
         events = by_node.get(node.node, [])
         _read(f"{node.node}:{node.log}", ((node.node, e) for e in events), parsed,
               keep_unparsed=keep_unparsed)
+    add_kernel_evidence(ctx.pool, parsed.store, set())  # a SIGKILLed rank: the kernel's word
     return None
 
 

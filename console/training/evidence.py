@@ -13,9 +13,16 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from console.ssh.pool import Pool
 from console.training.faults import Finding
+
+if TYPE_CHECKING:
+    from console.training.metrics import MetricsStore
+
+#: The fault whose node's kernel log is read for its oom-kill lines.
+OOM_FAULT = "host-oom-kill"
 
 #: What the kernel writes when its OOM killer (or a cgroup's) kills a process.
 OOM_PATTERN = (r"Out of memory: Kill|oom-kill:|invoked oom-killer|Memory cgroup out of memory|"
@@ -125,6 +132,23 @@ def with_kernel_evidence(finding: Finding, evidence: KernelEvidence) -> Finding:
     nothing could be) in its detail."""
     detail = f"{finding.detail}; {evidence.summary()}" if finding.detail else evidence.summary()
     return replace(finding, evidence=(*finding.evidence, *evidence.lines), detail=detail)
+
+
+def add_kernel_evidence(pool: Pool, store: MetricsStore, checked: set[tuple[str, int | None]]
+                        ) -> int:
+    """For each host-oom-kill finding of ``store`` not in ``checked`` (node, rank), read its
+    node's kernel log (:func:`oom_evidence`, with sudo only where it needs no password) and add
+    its oom-kill lines to the finding; ``checked`` gets the pair. The number of kernel logs
+    read. For the run's watch (each new finding once) and for a finished run's metrics."""
+    read = 0
+    for f in store.findings():
+        if f.id != OOM_FAULT or f.node is None or (f.node, f.rank) in checked:
+            continue
+        checked.add((f.node, f.rank))
+        evidence = oom_evidence(pool, f.node, pid=killed_pid(f), ask=False)
+        store.amend(f.id, f.node, f.rank, lambda g, e=evidence: with_kernel_evidence(g, e))
+        read += 1
+    return read
 
 
 def killed_pid(finding: Finding) -> int | None:

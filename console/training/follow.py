@@ -31,6 +31,7 @@ from console.cluster.redact import redact_text
 from console.ssh.pool import Pool, Stream
 from console.subscribers import Subscribers
 from console.training import faults
+from console.training.evidence import add_kernel_evidence
 from console.training.logparse import Event, LogParser, TrainStep
 from console.training.metrics import MetricsStore
 from console.training.runs import PREFIX, NodeRun, RunRecord, RunStatus, node_args, node_stream
@@ -417,13 +418,16 @@ def last_step(pool: Pool, status: RunStatus, *, tail: int = 256 * 1024) -> int |
     return max(steps) if steps else None
 
 
-def run_metrics(pool: Pool, record: RunRecord, store: MetricsStore | None = None
-                ) -> MetricsStore:
+def run_metrics(pool: Pool, record: RunRecord, store: MetricsStore | None = None, *,
+                kernel: bool = True) -> MetricsStore:
     """The run's metrics store, filled from its logs as they are now (``svconsole metrics
-    RUN``)."""
+    RUN``), a SIGKILLed rank's finding with its node's kernel oom-kill lines as the run's watch
+    adds them (``kernel``)."""
     store = store if store is not None else MetricsStore()
     for _ in read_run(pool, record, store=store):
         pass
+    if kernel:
+        add_kernel_evidence(pool, store, set())
     return store
 
 

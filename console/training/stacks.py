@@ -33,6 +33,7 @@ from typing import Any
 
 from console.ssh.pool import Pool
 from console.ssh.remote import script_text
+from console.training.evidence import OOM_FAULT, add_kernel_evidence
 from console.training.metrics import MetricsStore, RunStall
 from console.training.runs import PREFIX, RunRecord, check_own, node_command, node_python
 
@@ -514,9 +515,6 @@ def diagnose_stall(pool: Pool, record: RunRecord) -> tuple[str, Suspect | None]:
 #: The fault after which the ranks' flight recorder dumps are collected.
 WATCHDOG_FAULT = "nccl-watchdog-timeout"
 
-#: The fault whose node's kernel log is read for its oom-kill lines.
-OOM_FAULT = "host-oom-kill"
-
 
 class StallWatch:
     """Watches a followed run's store for a run stall and diagnoses each one once
@@ -594,18 +592,8 @@ class StallWatch:
         with sudo only where it needs no password: this runs unattended) and add its oom-kill
         lines, those naming the killed pid first, to the finding. The number of kernel logs
         read."""
-        from console.training.evidence import killed_pid, oom_evidence, with_kernel_evidence
-
-        read = 0
         with self._kernel_lock:
-            for f in self.store.findings():
-                if f.id != OOM_FAULT or f.node is None or (f.node, f.rank) in self.kernel_checked:
-                    continue
-                self.kernel_checked.add((f.node, f.rank))
-                evidence = oom_evidence(self.pool, f.node, pid=killed_pid(f), ask=False)
-                self.store.amend(f.id, f.node, f.rank,
-                                 lambda g, e=evidence: with_kernel_evidence(g, e))
-                read += 1
+            read = add_kernel_evidence(self.pool, self.store, self.kernel_checked)
         if read and self.on_change is not None:
             self.on_change()
         return read
