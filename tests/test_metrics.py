@@ -505,6 +505,73 @@ def test_run_stall_threshold_follows_the_step_time_and_the_startup_allowance() -
     store.close()
 
 
+DATALOADER_LINE = ("[2026-11-30 00:15:40,000][root][INFO] - rank: {rank}, dataloader start "
+                   "from step: 0, batch_num: 3, batch_num_after_step: 3")
+
+
+def test_a_quiet_start_up_is_a_stall_once_the_ranks_show_why() -> None:
+    """Before the first step, a log quiet for startup_quiet_s is suspected (worth a look at the
+    ranks), not a stall; confirmed by the ranks it is one at once, naming the rank, until a
+    line comes. After the allowance the plain start-up stall takes over."""
+    clock = Clock()
+    store = MetricsStore(clock=clock, startup_allowance_s=900)
+    store.watch_run(clock.now)
+    clock.now += 20
+    store.add(parse_line(DATALOADER_LINE.format(rank=1)), node="n1")
+    clock.now += 29
+    assert store.suspected_stall() is None  # quiet 29 s
+    clock.now += 2
+    quiet = store.suspected_stall()
+    assert quiet is not None and quiet.since == 1020.0 and quiet.startup
+    assert quiet.silent_s == pytest.approx(31.0)
+    assert not [f for f in store.findings() if f.id == "run-stalled"]  # a lead, not a stall
+    store.confirm_stall(quiet, "stacks: rank 1 on n1 is stopped (state T)", rank=1, node="n1")
+    [stall] = [f for f in store.findings() if f.id == "run-stalled"]
+    assert (stall.rank, stall.node) == (1, "n1")
+    assert stall.detail.startswith("no step line yet, and no line from any rank for 31 s (51 s "
+                                   "after the start;") and "is stopped (state T)" in stall.detail
+    clock.now += 5
+    store.add(parse_line(DATALOADER_LINE.format(rank=0)), node="n0")
+    assert not [f for f in store.findings() if f.id == "run-stalled"]  # the start-up goes on
+    assert store.suspected_stall() is None
+    clock.now += 900
+    assert store.suspected_stall() is None  # past the allowance: the plain start-up stall
+    [stall] = [f for f in store.findings() if f.id == "run-stalled"]
+    assert "start-up allowance 900 s" in stall.detail
+    store.close()
+
+
+def test_a_silence_after_steps_is_a_stall_before_the_minimum_once_the_ranks_show_why() -> None:
+    """After steps, a silence of max(3x median step, early_stall_s) is suspected; confirmed,
+    the stall names the rank at once and keeps its diagnosis when the minimum is reached; a
+    step ends it."""
+    clock = Clock()
+    store = MetricsStore(clock=clock)
+    for step in range(1, 6):
+        clock.now += 1
+        for rank in (0, 1):
+            store.add(parse_line(timed_line(rank, step)), node=f"n{rank}")
+    clock.now += 19
+    assert store.suspected_stall() is None  # 19 s < 20 s
+    clock.now += 2
+    quiet = store.suspected_stall()
+    assert quiet is not None and not quiet.startup and quiet.threshold_s == 20.0
+    assert store.run_stall() is None and not [f for f in store.findings()
+                                              if f.id == "run-stalled"]
+    store.confirm_stall(quiet, "stacks: rank 1 on n1 is stopped (state T)", rank=1, node="n1")
+    [stall] = [f for f in store.findings() if f.id == "run-stalled"]
+    assert (stall.rank, stall.node) == (1, "n1")
+    assert stall.detail.startswith("no step line from any rank for 21 s (looked at after 20 s, "
+                                   "before the 60 s minimum")
+    clock.now += 40  # the minimum: the plain stall, with the diagnosis already made
+    assert store.suspected_stall() is None
+    [stall] = [f for f in store.findings() if f.id == "run-stalled"]
+    assert (stall.rank, stall.node) == (1, "n1") and "diagnosis: stacks: rank 1" in stall.detail
+    store.add(parse_line(timed_line(0, 6)), node="n0")
+    assert not [f for f in store.findings() if f.id == "run-stalled"]
+    store.close()
+
+
 def test_straggler_named_with_its_slow_phase_and_the_others_not() -> None:
     store = MetricsStore()
     for step in range(1, 31):

@@ -116,7 +116,11 @@ def forced_drill(cluster: NetnsCluster, tiny, tmp_path: Path, capsys, monkeypatc
                 watch.stop()
         assert watch.diagnosed, "no stall diagnosed"
         assert not train_rows(record)  # it never trained
-        return watch.diagnosed[0][1], time.monotonic() - started
+        took = time.monotonic() - started
+        with capsys.disabled():
+            print(f"\n  drill forced {name}: named {took:.0f} s after the launch: "
+                  f"{watch.diagnosed[0][1][:200]}")
+        return watch.diagnosed[0][1], took
     finally:
         stop_all(pool, state)
         pool.close()

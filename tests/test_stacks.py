@@ -314,6 +314,48 @@ def test_stall_watch_diagnoses_a_stall_once_and_names_the_stopped_rank(
         store.close()
 
 
+def test_a_rank_stopped_before_the_first_step_is_named_when_the_start_up_goes_quiet(
+        fake_run: FakeRun) -> None:
+    """The start-up goes quiet (no step line yet, as the store sees it) for 30 s: the watch
+    looks at the real ranks at once instead of waiting out the 900 s start-up allowance. With
+    every rank running nothing is certain (no stall; looked at again only after 3x as long);
+    with rank 1 stopped the stall is confirmed and names it."""
+    from test_metrics import DATALOADER_LINE, Clock
+
+    from console.training.logparse import parse_line
+    from console.training.metrics import MetricsStore
+    from console.training.stacks import StallWatch
+
+    names = fake_run.cluster.names()
+    clock = Clock()
+    store = MetricsStore(clock=clock)
+    store.watch_run(clock.now)
+    for rank in range(NODES):
+        store.add(parse_line(DATALOADER_LINE.format(rank=rank)), node=names[rank])
+    pool = Pool(fake_run.cluster)
+    watch = StallWatch(pool, fake_run.record, store)
+    try:
+        assert watch.check() is None  # quiet 0 s: nothing asked
+        clock.now += 31
+        text = watch.check()  # every rank running: a look, nothing certain
+        assert text is not None and "is stopped" not in text, text
+        assert not [f for f in store.findings() if f.id == "run-stalled"] and not watch.diagnosed
+        clock.now += 30
+        assert watch.check() is None  # 61 s: not yet 3x 31 s
+        os.kill(fake_run.procs[1].pid, signal.SIGSTOP)
+        clock.now += 40
+        text = watch.check()  # 101 s: looked at again
+        assert text is not None and f"stacks: rank 1 on {names[1]} is stopped (state T)" in text
+        [stall] = [f for f in store.findings() if f.id == "run-stalled"]
+        assert (stall.rank, stall.node) == (1, names[1]), stall
+        assert stall.detail.startswith("no step line yet, and no line from any rank for 101 s")
+        assert watch.check() is None and len(watch.diagnosed) == 1  # certain: no more looks
+    finally:
+        os.kill(fake_run.procs[1].pid, signal.SIGCONT)
+        pool.close()
+        store.close()
+
+
 async def test_stacks_view_from_the_training_screen(fake_run: FakeRun) -> None:
     from test_training_screen import FedApp, show
     from textual.widgets import Collapsible, Static

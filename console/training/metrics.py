@@ -361,6 +361,7 @@ class MetricsStore:
                  stall_after_s: float | None = None, min_stall_s: float = 60.0,
                  gpu_samples: int = 7200, mean_window: int = 4096,
                  min_run_stall_s: float = 60.0, startup_allowance_s: float = 900.0,
+                 early_stall_s: float = 20.0, startup_quiet_s: float = 30.0,
                  straggler_window: int = DEFAULT_WINDOW) -> None:
         if mean_window < 1:
             raise ValueError(f"mean_window must be at least 1, got {mean_window}")
@@ -371,10 +372,15 @@ class MetricsStore:
         self.min_stall_s = min_stall_s
         self.min_run_stall_s = min_run_stall_s
         self.startup_allowance_s = startup_allowance_s
+        self.early_stall_s = early_stall_s
+        self.startup_quiet_s = startup_quiet_s
         self._started_at: float | None = None
         self._ended = False
         self._last_step_at: float | None = None
+        self._last_line_at: float | None = None
         self._diagnosis: tuple[float, str, int | None, str | None] | None = None
+        self._early: tuple[RunStall, str, int | None, str | None] | None = None
+        """A suspected stall the ranks confirmed (:meth:`confirm_stall`)."""
         self._timings = StepTimings(straggler_window)
         self._attached: dict[str, Finding] = {}
         self._amended: dict[tuple[str, str | None, int | None], Callable[[Finding], Finding]] = {}
@@ -414,6 +420,8 @@ class MetricsStore:
         received = self.clock() if received is None else received
         with self._lock:
             self.revision += 1
+            self._last_line_at = received if self._last_line_at is None \
+                else max(self._last_line_at, received)
             state = self._rank(event.rank, node, received) if event.rank is not None else None
             matched = self._scanner(node).feed(event.text, line_no=event.line_no, event=event)
             if isinstance(event, StepEvent):
@@ -751,26 +759,62 @@ class MetricsStore:
                     return None
                 return RunStall(self._started_at, now - self._started_at,
                                 self.startup_allowance_s, True, (), (), None)
-            times = [statistics.median(s.step_times) for s in self._ranks.values()
-                     if s.step_times]
-            median = statistics.median(times) if times else None
-            threshold = max(3.0 * (median or 0.0), self.min_run_stall_s)
-            silent = now - self._last_step_at
-            if silent <= threshold:
+            return self._silence(now, self.min_run_stall_s)
+
+    def _silence(self, now: float, minimum: float) -> RunStall | None:
+        """No step line from any rank for the larger of 3x the median step time and
+        ``minimum``: the stall with its silent ranks (under the lock, after a first step)."""
+        assert self._last_step_at is not None
+        times = [statistics.median(s.step_times) for s in self._ranks.values() if s.step_times]
+        median = statistics.median(times) if times else None
+        threshold = max(3.0 * (median or 0.0), minimum)
+        silent = now - self._last_step_at
+        if silent <= threshold:
+            return None
+        ranks = []
+        for r, st in sorted(self._ranks.items()):
+            if st.last_step_seen is None:
+                continue
+            last = st.last
+            ranks.append(SilentRank(r, st.node, last.total_step if last else None,
+                                    now - st.last_step_seen, last.text if last else None,
+                                    last.line_no if last else None))
+        steps = {r.last_step for r in ranks if r.last_step is not None}
+        behind = tuple(r.rank for r in ranks if r.last_step == min(steps)) \
+            if len(steps) > 1 else ()
+        return RunStall(self._last_step_at, silent, threshold, False, tuple(ranks), behind,
+                        median)
+
+    def suspected_stall(self, now: float | None = None) -> RunStall | None:
+        """A silence worth a look at the ranks before it is a run stall: after a first step,
+        no step line for the larger of 3x the median step time and ``early_stall_s``; before
+        it, no line at all for ``startup_quiet_s`` (``since``: the last line, or the start)
+        within the start-up allowance. Not a stall by itself (a checkpoint save, a JIT build
+        or a checkpoint load is quiet too): the run's watch looks at the ranks, and a stopped
+        rank or a port that cannot be reached makes it one at once (:meth:`confirm_stall`).
+        None while :meth:`run_stall` has one."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            if self._ended or self._finished or self.run_stall(now) is not None:
                 return None
-            ranks = []
-            for r, st in sorted(self._ranks.items()):
-                if st.last_step_seen is None:
-                    continue
-                last = st.last
-                ranks.append(SilentRank(r, st.node, last.total_step if last else None,
-                                        now - st.last_step_seen, last.text if last else None,
-                                        last.line_no if last else None))
-            steps = {r.last_step for r in ranks if r.last_step is not None}
-            behind = tuple(r.rank for r in ranks if r.last_step == min(steps)) \
-                if len(steps) > 1 else ()
-            return RunStall(self._last_step_at, silent, threshold, False, tuple(ranks), behind,
-                            median)
+            if self._last_step_at is not None:
+                return self._silence(now, self.early_stall_s)
+            if self._started_at is None:
+                return None
+            since = max(self._started_at, self._last_line_at or self._started_at)
+            quiet = now - since
+            if quiet < self.startup_quiet_s:
+                return None
+            return RunStall(since, quiet, self.startup_quiet_s, True, (), (), None)
+
+    def confirm_stall(self, stall: RunStall, text: str, *, rank: int | None = None,
+                      node: str | None = None) -> None:
+        """The ranks show why the run went quiet (``stall``, from :meth:`suspected_stall`):
+        a run stall from now on, until a line (before a first step) or a step line comes; its
+        diagnosis is ``text``, naming ``rank`` on ``node``."""
+        with self._lock:
+            self._early = (stall, text, rank, node)
+            self.set_stall_diagnosis(stall.since, text, rank=rank, node=node)
 
     def set_stall_diagnosis(self, since: float, text: str, *, rank: int | None = None,
                             node: str | None = None) -> None:
@@ -785,10 +829,41 @@ class MetricsStore:
             d = self._diagnosis
             return d[1] if d is not None and d[0] == since else None
 
+    def _early_stall_findings(self, now: float) -> list[Finding]:
+        """The confirmed stall (:meth:`confirm_stall`) while nothing came since it began."""
+        e = self._early
+        if e is None or self._ended or self._finished:
+            return []
+        stall, text, rank, node = e
+        if stall.startup:
+            if self._last_step_at is not None or stall.since != max(
+                    self._started_at or stall.since, self._last_line_at or stall.since):
+                return []  # a line came since: the start-up goes on
+            started = now - (self._started_at if self._started_at is not None else stall.since)
+            detail = (f"no step line yet, and no line from any rank for {now - stall.since:.0f} "
+                      f"s ({started:.0f} s after the start; the ranks show why before the "
+                      f"start-up allowance of {self.startup_allowance_s:.0f} s)")
+            evidence: tuple[str, ...] = (f"no line from any rank for {now - stall.since:.0f} s, "
+                                         f"{started:.0f} s after the start",)
+        else:
+            if self._last_step_at != stall.since:
+                return []  # a step came since
+            silent = now - stall.since
+            detail = (f"no step line from any rank for {silent:.0f} s (looked at after "
+                      f"{stall.threshold_s:.0f} s, before the {self.min_run_stall_s:.0f} s "
+                      f"minimum: the ranks show why)")
+            if stall.behind:
+                lows = [r for r in stall.ranks if r.rank in stall.behind]
+                detail += "; behind: " + ", ".join(
+                    f"rank {r.rank}" + (f" on {r.node}" if r.node else "") for r in lows)
+            evidence = tuple(f"rank {r.rank}" + (f" on {r.node}" if r.node else "")
+                             + f", last step {r.last_step}: {r.text}" for r in stall.ranks[:16])
+        return [Finding(RUN_STALLED, evidence, node, rank, None, f"{detail}; diagnosis: {text}")]
+
     def _run_stall_findings(self, now: float) -> list[Finding]:
         stall = self.run_stall(now)
         if stall is None:
-            return []
+            return self._early_stall_findings(now)
         evidence = tuple(f"rank {r.rank}" + (f" on {r.node}" if r.node else "")
                          + f", {r.silent_s:.0f} s ago: {r.text}" for r in stall.ranks[:16])
         if len(stall.ranks) > 16:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from console.ssh.pool import Pool
 from console.ssh.remote import script_text
@@ -473,12 +473,21 @@ def pyspy_checks(pool: Pool, nodes: Sequence[str]) -> list[Any]:
 # ---------------------------------------------------------------- stall diagnosis
 
 
-def diagnose_stall(pool: Pool, record: RunRecord) -> tuple[str, Suspect | None]:
+class StallDiagnosis(NamedTuple):
+    """:func:`diagnose_stall`'s answer: the text for the stall finding, the suspect it names
+    (the only one, or the first stopped one), and whether it is a cause beyond doubt (a port
+    that cannot be reached, a stopped rank) rather than a lead."""
+
+    text: str
+    suspect: Suspect | None
+    certain: bool
+
+
+def diagnose_stall(pool: Pool, record: RunRecord) -> StallDiagnosis:
     """What a stalled run's nodes say: the reachability pre-flight (master port, peer ports,
     from every node; ``console.training.preflight.reachability`` where it exists), then the
-    stacks. Returns the text for the stall finding and the suspect it names (the only one, or
-    the first stopped one), if any."""
-    parts = []
+    stacks."""
+    parts, certain = [], False
     try:
         reachability = importlib.import_module("console.training.preflight").reachability
     except (ImportError, AttributeError):
@@ -492,6 +501,7 @@ def diagnose_stall(pool: Pool, record: RunRecord) -> tuple[str, Suspect | None]:
             parts.append(f"reachability could not be checked: {exc}")
     if checks is not None:
         failed = [c for c in checks if not c.ok]
+        certain = bool(failed)
         parts.append("all reachable: see `svconsole stacks`" if not failed else
                      "not reachable: " + "; ".join(
                          (f"{c.node}: " if c.node else "") + c.message for c in failed))
@@ -502,6 +512,7 @@ def diagnose_stall(pool: Pool, record: RunRecord) -> tuple[str, Suspect | None]:
         parts.append(f"stacks could not be taken: {exc}")
     else:
         stopped = [s for s in report.suspects if "(state T)" in s.why]
+        certain = certain or bool(stopped)
         suspect = stopped[0] if stopped else (report.suspects[0] if len(report.suspects) == 1
                                               else None)
         if report.suspects:
@@ -509,8 +520,12 @@ def diagnose_stall(pool: Pool, record: RunRecord) -> tuple[str, Suspect | None]:
         elif report.groups:
             parts.append(f"stacks: every rank in {report.groups[0].label}, no rank outside it")
         parts += [f"stacks: {n}" for n in report.notes[:2]]
-    return "; ".join(parts), suspect
+    return StallDiagnosis("; ".join(parts), suspect, certain)
 
+
+#: A silence this many times as long as when its ranks were last looked at, with nothing
+#: certain then, is looked at again.
+LOOK_AGAIN = 3.0
 
 #: The fault after which the ranks' flight recorder dumps are collected.
 WATCHDOG_FAULT = "nccl-watchdog-timeout"
@@ -519,7 +534,8 @@ WATCHDOG_FAULT = "nccl-watchdog-timeout"
 class StallWatch:
     """Watches a followed run's store for a run stall and diagnoses each one once
     (:func:`diagnose_stall`, on this watch's thread); the result goes into the stall's finding
-    (:meth:`MetricsStore.set_stall_diagnosis`). Once the run reports a watchdog timeout, it
+    (:meth:`MetricsStore.set_stall_diagnosis`). A shorter silence is looked at the same way
+    (:meth:`check_early`), and a certain cause makes it a stall at once. Once the run reports a watchdog timeout, it
     collects the flight recorder dumps of every node and attaches their analysis
     (:mod:`console.training.flightrec`) as a finding. A rank killed by SIGKILL gets its node's
     kernel oom-kill lines added to its finding."""
@@ -535,6 +551,8 @@ class StallWatch:
         self.storage_checked = False
         self.kernel_checked: set[tuple[str, int | None]] = set()
         """(node, rank) of the host-oom-kill findings whose node's kernel log was read."""
+        self.looked_early: dict[float, tuple[float, bool]] = {}
+        """Silences looked at before they were stalls: since -> (seconds then, certain)."""
         self._kernel_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -548,13 +566,36 @@ class StallWatch:
         self.check_flight_recorder()
         self.check_kernel_evidence()
         stall = self.store.run_stall()
-        if stall is None or any(d.since == stall.since for d, _ in self.diagnosed):
+        if stall is None:
+            return self.check_early()
+        if any(d.since == stall.since for d, _ in self.diagnosed):
             return None
-        text, suspect = diagnose_stall(self.pool, self.record)
+        text, suspect, _ = diagnose_stall(self.pool, self.record)
         self.diagnosed.append((stall, text))
         self.store.set_stall_diagnosis(stall.since, text,
                                        rank=suspect.rank if suspect else None,
                                        node=suspect.node if suspect else None)
+        return text
+
+    def check_early(self) -> str | None:
+        """A silence that is not yet a stall (:meth:`MetricsStore.suspected_stall`): look at
+        the ranks (the same diagnosis), again after :data:`LOOK_AGAIN` times as long while
+        nothing is certain; a stopped rank or a port that cannot be reached confirms the stall
+        at once. The diagnosis text when this call made one."""
+        quiet = self.store.suspected_stall()
+        if quiet is None:
+            return None
+        looked = self.looked_early.get(quiet.since)
+        if looked is not None and (looked[1] or quiet.silent_s < looked[0] * LOOK_AGAIN):
+            return None
+        text, suspect, certain = diagnose_stall(self.pool, self.record)
+        self.looked_early[quiet.since] = (quiet.silent_s, certain)
+        if certain:
+            self.store.confirm_stall(quiet, text, rank=suspect.rank if suspect else None,
+                                     node=suspect.node if suspect else None)
+            self.diagnosed.append((quiet, text))
+            if self.on_change is not None:
+                self.on_change()
         return text
 
     def check_storage(self) -> bool:
@@ -617,6 +658,7 @@ class StallWatch:
             self._thread.join(10)
 
 
-__all__ = ["Frame", "Group", "OOM_FAULT", "RankStack", "StacksReport", "StallWatch", "Suspect",
-           "WATCHDOG_FAULT", "analyse", "collective_of", "diagnose_stall", "placement", "pyspy_checks",
-           "ranks_from_reply", "stepping", "take_stacks"]
+__all__ = ["Frame", "Group", "LOOK_AGAIN", "OOM_FAULT", "RankStack", "StacksReport",
+           "StallDiagnosis", "StallWatch", "Suspect", "WATCHDOG_FAULT", "analyse", "collective_of",
+           "diagnose_stall", "placement", "pyspy_checks", "ranks_from_reply", "stepping",
+           "take_stacks"]
