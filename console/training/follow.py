@@ -418,16 +418,15 @@ def last_step(pool: Pool, status: RunStatus, *, tail: int = 256 * 1024) -> int |
     return max(steps) if steps else None
 
 
-def run_metrics(pool: Pool, record: RunRecord, store: MetricsStore | None = None, *,
-                kernel: bool = True) -> MetricsStore:
+def run_metrics(pool: Pool, record: RunRecord, store: MetricsStore | None = None
+                ) -> MetricsStore:
     """The run's metrics store, filled from its logs as they are now (``svconsole metrics
     RUN``), a SIGKILLed rank's finding with its node's kernel oom-kill lines as the run's watch
-    adds them (``kernel``)."""
+    adds them."""
     store = store if store is not None else MetricsStore()
     for _ in read_run(pool, record, store=store):
         pass
-    if kernel:
-        add_kernel_evidence(pool, store, set())
+    add_kernel_evidence(pool, store, set())
     return store
 
 

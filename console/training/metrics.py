@@ -292,10 +292,21 @@ class RunStall:
         if self.behind:
             lows = [r for r in self.ranks if r.rank in self.behind]
             top = max((r.last_step or 0) for r in self.ranks)
-            names = ", ".join(f"rank {r.rank}" + (f" on {r.node}" if r.node else "")
-                              for r in lows)
-            out += f"; behind: {names} at step {lows[0].last_step}, the others at step {top}"
+            out += (f"; behind: {', '.join(map(_where, lows))} at step {lows[0].last_step}, "
+                    f"the others at step {top}")
         return out
+
+    def evidence(self) -> tuple[str, ...]:
+        """Each silent rank's last step line and its age (the first 16 ranks)."""
+        out = tuple(f"{_where(r)}, {r.silent_s:.0f} s ago: {r.text}" for r in self.ranks[:16])
+        if len(self.ranks) > 16:
+            out += (f"... and {len(self.ranks) - 16} more ranks",)
+        return out
+
+
+def _where(r: SilentRank) -> str:
+    """``rank 1 on node1``."""
+    return f"rank {r.rank}" + (f" on {r.node}" if r.node else "")
 
 
 @dataclass
@@ -799,13 +810,19 @@ class MetricsStore:
                 return None
             if self._last_step_at is not None:
                 return self._silence(now, self.early_stall_s)
-            if self._started_at is None:
+            since = self._quiet_since()
+            if since is None:
                 return None
-            since = max(self._started_at, self._last_line_at or self._started_at)
             quiet = now - since
             if quiet < self.startup_quiet_s:
                 return None
             return RunStall(since, quiet, self.startup_quiet_s, True, (), (), None)
+
+    def _quiet_since(self) -> float | None:
+        """Before a first step: when the last line came, or the start (under the lock)."""
+        if self._started_at is None:
+            return None
+        return max(self._started_at, self._last_line_at or self._started_at)
 
     def confirm_stall(self, stall: RunStall, text: str, *, rank: int | None = None,
                       node: str | None = None) -> None:
@@ -836,8 +853,7 @@ class MetricsStore:
             return []
         stall, text, rank, node = e
         if stall.startup:
-            if self._last_step_at is not None or stall.since != max(
-                    self._started_at or stall.since, self._last_line_at or stall.since):
+            if self._last_step_at is not None or stall.since != self._quiet_since():
                 return []  # a line came since: the start-up goes on
             started = now - (self._started_at if self._started_at is not None else stall.since)
             detail = (f"no step line yet, and no line from any rank for {now - stall.since:.0f} "
@@ -846,28 +862,23 @@ class MetricsStore:
             evidence: tuple[str, ...] = (f"no line from any rank for {now - stall.since:.0f} s, "
                                          f"{started:.0f} s after the start",)
         else:
-            if self._last_step_at != stall.since:
+            now_stall = self._silence(now, 0.0) if self._last_step_at == stall.since else None
+            if now_stall is None:
                 return []  # a step came since
-            silent = now - stall.since
-            detail = (f"no step line from any rank for {silent:.0f} s (looked at after "
-                      f"{stall.threshold_s:.0f} s, before the {self.min_run_stall_s:.0f} s "
+            detail = (f"no step line from any rank for {now_stall.silent_s:.0f} s (looked at "
+                      f"after {stall.threshold_s:.0f} s, before the {self.min_run_stall_s:.0f} s "
                       f"minimum: the ranks show why)")
-            if stall.behind:
-                lows = [r for r in stall.ranks if r.rank in stall.behind]
+            if now_stall.behind:
                 detail += "; behind: " + ", ".join(
-                    f"rank {r.rank}" + (f" on {r.node}" if r.node else "") for r in lows)
-            evidence = tuple(f"rank {r.rank}" + (f" on {r.node}" if r.node else "")
-                             + f", last step {r.last_step}: {r.text}" for r in stall.ranks[:16])
+                    _where(r) for r in now_stall.ranks if r.rank in now_stall.behind)
+            evidence = now_stall.evidence()
         return [Finding(RUN_STALLED, evidence, node, rank, None, f"{detail}; diagnosis: {text}")]
 
     def _run_stall_findings(self, now: float) -> list[Finding]:
         stall = self.run_stall(now)
         if stall is None:
             return self._early_stall_findings(now)
-        evidence = tuple(f"rank {r.rank}" + (f" on {r.node}" if r.node else "")
-                         + f", {r.silent_s:.0f} s ago: {r.text}" for r in stall.ranks[:16])
-        if len(stall.ranks) > 16:
-            evidence += (f"... and {len(stall.ranks) - 16} more ranks",)
+        evidence = stall.evidence()
         detail = stall.detail()
         rank = stall.behind[0] if len(stall.behind) == 1 else None
         node = next((r.node for r in stall.ranks if r.rank == rank), None)

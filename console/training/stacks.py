@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from console.ssh.pool import Pool
 from console.ssh.remote import script_text
-from console.training.evidence import OOM_FAULT, add_kernel_evidence
+from console.training.evidence import add_kernel_evidence
 from console.training.metrics import MetricsStore, RunStall
 from console.training.runs import PREFIX, RunRecord, check_own, node_command, node_python
 
@@ -535,8 +535,8 @@ class StallWatch:
     """Watches a followed run's store for a run stall and diagnoses each one once
     (:func:`diagnose_stall`, on this watch's thread); the result goes into the stall's finding
     (:meth:`MetricsStore.set_stall_diagnosis`). A shorter silence is looked at the same way
-    (:meth:`check_early`), and a certain cause makes it a stall at once. Once the run reports a watchdog timeout, it
-    collects the flight recorder dumps of every node and attaches their analysis
+    (:meth:`check_early`), and a certain cause makes it a stall at once. Once the run reports a
+    watchdog timeout, it collects the flight recorder dumps of every node and attaches their analysis
     (:mod:`console.training.flightrec`) as a finding. A rank killed by SIGKILL gets its node's
     kernel oom-kill lines added to its finding."""
 
@@ -658,7 +658,7 @@ class StallWatch:
             self._thread.join(10)
 
 
-__all__ = ["Frame", "Group", "LOOK_AGAIN", "OOM_FAULT", "RankStack", "StacksReport",
+__all__ = ["Frame", "Group", "LOOK_AGAIN", "RankStack", "StacksReport",
            "StallDiagnosis", "StallWatch", "Suspect", "WATCHDOG_FAULT", "analyse", "collective_of",
            "diagnose_stall", "placement", "pyspy_checks", "ranks_from_reply", "stepping",
            "take_stacks"]
